@@ -1,0 +1,29 @@
+"""Typed errors raised on bad input. Each message says what is wrong and where."""
+
+from __future__ import annotations
+
+
+class VerificationInputError(ValueError):
+    """Base class of every input error raised by this toolkit."""
+
+
+class UnsupportedOperationError(VerificationInputError):
+    """A network contains an operation we cannot bound (names the operation and the node)."""
+
+    def __init__(self, operation: str, node: str, detail: str = "") -> None:
+        self.operation = operation
+        self.node = node
+        msg = f"unsupported operation {operation!r} at node {node!r}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class InvalidNetworkError(VerificationInputError):
+    """NaN/Inf weights, non-constant weights, or a malformed graph."""
+
+
+class ShapeMismatchError(VerificationInputError):
+    """Shapes of the input region, the specification and the network disagree."""
+
+
+class InvalidRegionError(VerificationInputError):
+    """A negative/NaN eps, lower > upper, or an empty input box."""

@@ -1,0 +1,38 @@
+"""Neural-network verification and bounds toolkit (packages: verify, bounds, relaxations, crf, kernels)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="ldverify",
+    version="0.1.0",
+    description="Sound bounds and verification for neural networks; dense CRF MAP inference.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verify*", "bounds*", "relaxations*", "crf*", "kernels*"]),
+    install_requires=[
+        "torch>=2.11,<2.14",
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "onnx>=1.15",
+    ],
+    extras_require={
+        "lp": ["cvxpy>=1.5", "highspy>=1.7", "clarabel>=0.7"],
+        "examples": ["scikit-learn>=1.3"],
+        "bench": ["matplotlib>=3.7", "scikit-learn>=1.3", "cvxpy>=1.5", "highspy>=1.7"],
+        "dev": [
+            "cvxpy>=1.5",
+            "highspy>=1.7",
+            "clarabel>=0.7",
+            "scikit-learn>=1.3",
+            "matplotlib>=3.7",
+            "onnxruntime>=1.16",
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "hypothesis>=6",
+            "ruff>=0.5",
+            "pillow>=10",
+        ],
+    },
+    entry_points={"console_scripts": ["verify=verify.__main__:main"]},
+)
