@@ -1,0 +1,157 @@
+"""Network graph: an `nn.Module` (traced with torch.fx) becomes an ordered DAG of BoundOps.
+
+`build_graph(module, input_shape)` interprets the fx graph on an example batch of two inputs
+(two, so a reshape that mixes the batch dimension is caught), folds constant sub-expressions,
+and maps each supported call to a BoundOp (see `bounds/fx_handlers.py`). The result is checked
+against the module on random inputs: a conversion that changes the function raises instead of
+giving a silently wrong bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, fx, nn
+
+from bounds.errors import InvalidNetworkError, ShapeMismatchError, UnsupportedOperationError
+from bounds.fx_handlers import INPUT, interpret
+from bounds.ops import ActivationOp, BoundOp
+from bounds.types import Interval
+
+EXAMPLE_BATCH = 2
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator: `op` applied to the named `inputs`; `shape` excludes the batch dimension."""
+
+    name: str
+    op: BoundOp | None
+    inputs: tuple[str, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Nodes in topological order; `nodes[0]` is the input, `nodes[-1]` the output."""
+
+    nodes: tuple[Node, ...]
+
+    @property
+    def input(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def output(self) -> Node:
+        return self.nodes[-1]
+
+    def __getitem__(self, name: str) -> Node:
+        return self._index[name]
+
+    @property
+    def _index(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def activations(self) -> Iterator[Node]:
+        """The nonlinear nodes, in topological order."""
+        return (n for n in self.nodes if isinstance(n.op, ActivationOp))
+
+    def pre_activation_names(self) -> list[str]:
+        """Names of the nodes that feed an activation (whose bounds the relaxations need)."""
+        return [n.inputs[0] for n in self.activations()]
+
+    def forward(self, x: Tensor, *, all_values: bool = False) -> Tensor | dict[str, Tensor]:
+        """Evaluate the network on `x` (`[batch, *input_shape]`)."""
+        values: dict[str, Tensor] = {INPUT: x}
+        for node in self.nodes[1:]:
+            values[node.name] = node.op.forward(*(values[i] for i in node.inputs))
+        return values if all_values else values[self.output.name]
+
+    def interval(self, box: Interval) -> dict[str, Interval]:
+        """Interval bound propagation (IBP) through every node."""
+        out: dict[str, Interval] = {INPUT: box}
+        for node in self.nodes[1:]:
+            out[node.name] = node.op.interval(*(out[i] for i in node.inputs))
+        return out
+
+    def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> Graph:
+        """A copy with every constant in `dtype` on `device`."""
+        nodes = tuple(
+            Node(n.name, None if n.op is None else n.op.to(dtype, device), n.inputs, n.shape)
+            for n in self.nodes
+        )
+        return Graph(nodes)
+
+    def ancestors(self, name: str) -> set[str]:
+        """Names of `name` and every node it depends on."""
+        index, seen, stack = self._index, set(), [name]
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(index[current].inputs)
+        return seen
+
+
+def _trace(module: nn.Module) -> fx.GraphModule:
+    if isinstance(module, fx.GraphModule):
+        return module
+    try:
+        return fx.symbolic_trace(module)
+    except Exception as exc:  # fx raises many types for untraceable code
+        raise UnsupportedOperationError(
+            "untraceable forward", type(module).__name__, f"torch.fx could not trace it ({exc})"
+        ) from exc
+
+
+def _module_dtype(module: nn.Module) -> torch.dtype:
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.get_default_dtype()
+
+
+def _check_constants(nodes: tuple[Node, ...]) -> None:
+    for node in nodes[1:]:
+        for tensor in node.op.constants():
+            if not torch.isfinite(tensor).all():
+                raise InvalidNetworkError(f"NaN or Inf in the constants of node {node.name!r}")
+
+
+def _check_equivalence(graph: Graph, module: nn.Module, example: Tensor) -> None:
+    """The converted graph must compute what the module computes (a safety net)."""
+    with torch.no_grad():
+        probe = torch.cat([example, torch.randn_like(example) * 3])
+        expected = module(probe)
+        got = graph.forward(probe)
+    if not isinstance(expected, Tensor) or expected.shape != got.shape:
+        raise InvalidNetworkError(f"conversion changed the output shape: {got.shape}")
+    scale = 1.0 + expected.abs().max()
+    tol = 1e-4 if expected.dtype != torch.float64 else 1e-9
+    if (expected - got).abs().max() > tol * scale:
+        raise InvalidNetworkError("internal error: the converted graph disagrees with the module")
+
+
+def build_graph(module: nn.Module, input_shape: tuple[int, ...]) -> Graph:
+    """Convert `module` (inputs `[batch, *input_shape]`) into a `Graph` of BoundOps.
+
+    Raises UnsupportedOperationError naming the operation and node for anything we cannot
+    bound, InvalidNetworkError for NaN/Inf or non-constant weights.
+    """
+    gm = _trace(module)
+    dtype = _module_dtype(module)
+    example = torch.rand(EXAMPLE_BATCH, *input_shape, dtype=dtype) * 2 - 1
+    with torch.no_grad():
+        try:
+            module(example)
+        except Exception as exc:  # any failure here means the input shape is wrong
+            raise ShapeMismatchError(
+                f"the network rejects inputs of shape [batch, *{tuple(input_shape)}]: {exc}"
+            ) from exc
+        specs = interpret(gm, example)
+    graph = Graph(tuple(Node(*spec) for spec in specs))
+    _check_constants(graph.nodes)
+    _check_equivalence(graph, module, example)
+    return graph

@@ -1,0 +1,179 @@
+"""Exact references with cvxpy (HiGHS by default, Clarabel as fallback; no Gurobi).
+
+- `planet_lp`: the Planet LP (triangle relaxation of every ReLU, Ehlers 2017) for given
+  intermediate bounds: the optimum the dual methods approach.
+- `milp`: the exact mixed-integer program (big-M with the given bounds; Tjeng et al., ICLR 2019):
+  the true minimum, for tiny nets in tests.
+
+Both build one problem per batch element with the objective's coefficients as a cvxpy
+Parameter, so the problem is canonicalised once and re-solved per spec. Values are accurate to
+the solver's tolerance (about 1e-7 relative with HiGHS); as bounds we report them loosened by
+`SAFETY` (relative), so a solver's tolerance can never make a reported bound unsound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bounds.graph import Graph
+from bounds.ops import ActivationOp, SumOp, UnaryAffineOp
+from bounds.types import Interval
+
+SAFETY = 1e-6
+
+
+def _cvxpy():
+    try:
+        import cvxpy
+        import scipy.sparse
+    except ImportError as exc:  # optional dependency
+        raise ImportError("the LP reference needs cvxpy: pip install 'ldverify[lp]'") from exc
+    return cvxpy, scipy.sparse
+
+
+@dataclass(frozen=True)
+class LpConfig:
+    """solver: 'HIGHS' or 'CLARABEL' (falls back to the other on failure); time_limit in seconds
+    per solve (HiGHS only)."""
+
+    solver: str = "HIGHS"
+    time_limit: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.solver not in ("HIGHS", "CLARABEL"):
+            raise ValueError(f"solver must be 'HIGHS' or 'CLARABEL', got {self.solver!r}")
+        if not self.time_limit > 0:
+            raise ValueError("time_limit must be > 0")
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().cpu().double().numpy().reshape(-1)
+
+
+def _affine_constraints(cp, sp, node, var, inputs):
+    if isinstance(node.op, SumOp):
+        return [var == sum(s * v for s, v in zip(node.op.signs, inputs))]
+    W, b = node.op.as_matrix()
+    W = sp.csr_matrix(W.detach().cpu().double().numpy())
+    return [var == W @ inputs[0] + _np(b)]
+
+
+def _relu_constraints(cp, node, var, pre_var, pre: Interval, b: int, integer: bool):
+    lower, upper = pre.lower[b].detach(), pre.upper[b].detach()
+    cons = node.op.relaxation.constraints(lower, upper)
+    rows = [pre_var >= _np(lower), pre_var <= _np(upper)]
+    for slope, intercept in zip(cons.lower_slopes, cons.lower_intercepts):
+        rows.append(var >= cp.multiply(_np(slope), pre_var) + _np(intercept))
+    if not integer:
+        rows.append(var <= cp.multiply(_np(cons.upper_slope), pre_var) + _np(cons.upper_intercept))
+        return rows
+    # Big-M exact encoding: z = 1 iff the neuron is active.
+    lo, up = _np(lower), _np(upper)
+    z = cp.Variable(lo.size, boolean=True)
+    rows += [var <= cp.multiply(np.maximum(up, 0), z), var <= pre_var - cp.multiply(lo, 1 - z)]
+    rows += [z >= (lo >= 0).astype(float), z <= (up > 0).astype(float)]
+    return rows
+
+
+def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, integer: bool):
+    """cvxpy variables and constraints of the relaxed (or exact) network for batch element b."""
+    cp, sp = _cvxpy()
+    variables, constraints = {}, []
+    for node in graph.nodes:
+        var = cp.Variable(int(np.prod(node.shape, dtype=int)))
+        variables[node.name] = var
+        if node.op is None:
+            constraints += [var >= _np(box.lower[b]), var <= _np(box.upper[b])]
+        elif isinstance(node.op, ActivationOp):
+            pre_name = node.inputs[0]
+            pre_var = variables[pre_name]
+            constraints += _relu_constraints(
+                cp, node, var, pre_var, intervals[pre_name], b, integer
+            )
+        elif isinstance(node.op, (UnaryAffineOp, SumOp)):
+            constraints += _affine_constraints(
+                cp, sp, node, var, [variables[i] for i in node.inputs]
+            )
+        else:
+            raise TypeError(f"the LP does not support {type(node.op).__name__} at {node.name!r}")
+    return variables, constraints
+
+
+def _solve(problem, config: LpConfig, integer: bool) -> float:
+    """Optimal value; a MILP is solved to a zero gap (its primal value is then the minimum)."""
+    cp, _ = _cvxpy()
+    order = ["HIGHS", "CLARABEL"] if config.solver == "HIGHS" and not integer else ["HIGHS"]
+    if config.solver == "CLARABEL" and not integer:
+        order = ["CLARABEL", "HIGHS"]
+    for solver in order:
+        try:
+            if solver == "HIGHS":
+                gap = {"mip_rel_gap": 0.0, "mip_abs_gap": 0.0} if integer else {}
+                problem.solve(solver=solver, time_limit=config.time_limit, **gap)
+            else:
+                problem.solve(solver=solver)
+        except cp.error.SolverError:
+            continue
+        if problem.status == cp.OPTIMAL:
+            return float(problem.value)
+    raise RuntimeError(f"LP/MILP solve failed (status {problem.status})")
+
+
+def _optimise(graph, box, C, intervals, config, integer) -> tuple[Tensor, dict]:
+    """Minima of `C[b, s] . y` and `-C[b, s] . y` for every batch element and spec."""
+    cp, _ = _cvxpy()
+    start = time.perf_counter()
+    batch, specs = C.shape[:2]
+    values = np.zeros((batch, 2 * specs))
+    flat_C = C.detach().cpu().double().reshape(batch, specs, -1).numpy()
+    for b in range(batch):
+        variables, constraints = _build(graph, box, intervals, b, integer)
+        c = cp.Parameter(flat_C.shape[-1])
+        problem = cp.Problem(cp.Minimize(c @ variables[graph.output.name]), constraints)
+        for s in range(2 * specs):
+            c.value = flat_C[b, s % specs] * (1.0 if s < specs else -1.0)
+            values[b, s] = _solve(problem, config, integer)
+    stats = {"seconds": time.perf_counter() - start, "solves": batch * 2 * specs}
+    return torch.as_tensor(values, dtype=C.dtype, device=C.device), stats
+
+
+def _loosen(values: Tensor) -> Tensor:
+    return values - SAFETY * (1 + values.abs())
+
+
+def planet_lp(
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    intervals: dict[str, Interval],
+    config: LpConfig | None = None,
+) -> tuple[Tensor, Tensor, dict]:
+    """Planet LP bounds `(lower [B, S], upper [B, S], stats)` on `C . y` for the given
+    pre-activation `intervals`. `stats['raw']` holds the unloosened optima `[B, 2S]`."""
+    values, stats = _optimise(graph, box, C, intervals, config or LpConfig(), integer=False)
+    safe = _loosen(values)
+    specs = C.shape[1]
+    return safe[:, :specs], -safe[:, specs:], {**stats, "raw": values}
+
+
+def milp(
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    intervals: dict[str, Interval],
+    config: LpConfig | None = None,
+) -> tuple[Tensor, Tensor, dict]:
+    """Exact bounds by MILP (tiny nets only): `(min C.y [B, S], max C.y [B, S], stats)`.
+
+    Needs valid `intervals` for every pre-activation (they set the big-M constants); HiGHS only.
+    """
+    config = config or LpConfig()
+    values, stats = _optimise(graph, box, C, intervals, config, integer=True)
+    safe = _loosen(values)
+    specs = C.shape[1]
+    return safe[:, :specs], -safe[:, specs:], {**stats, "raw": values}

@@ -1,0 +1,200 @@
+"""Backward linear bound propagation: CROWN (Zhang et al., NeurIPS 2018) / Wong and Kolter
+(ICML 2018), on a DAG of BoundOps.
+
+A functional `A` on a start node is pushed backward through every op: affine ops by their
+adjoint (bias terms collected), activations by the relaxation's lines chosen by the sign of the
+coefficient, and at the input it is minimised over the box in closed form. Pre-activation bounds
+are computed node by node in topological order (IBP, then CROWN on the neurons IBP leaves
+ambiguous; the intersection of both is kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from bounds.graph import Graph, Node
+from bounds.ops import ActivationOp, UnaryAffineOp
+from bounds.types import Interval
+from relaxations import LinearBounds, neuron_status
+
+# Largest functional (batch x specs x elements of a node) processed at once: 2^25 floats.
+MAX_FUNCTIONAL_ELEMENTS = 1 << 25
+
+LinesFn = Callable[[str], LinearBounds]  # activation node -> its lines for one backward pass
+ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
+
+
+def concretize(A: Tensor, box: Interval) -> Tensor:
+    """`min_{x in box} A . x`, shape `[batch, specs]`: `A . c - |A| . r`."""
+    center = box.center.unsqueeze(1)
+    radius = box.radius.unsqueeze(1)
+    return (A * center - A.abs() * radius).flatten(2).sum(-1)
+
+
+def _relax_backward(A: Tensor, lines: LinearBounds) -> tuple[Tensor, Tensor]:
+    """Replace an activation by its lower line where `A >= 0`, its upper line elsewhere."""
+    pos, neg = A.clamp(min=0), A.clamp(max=0)
+    new_A = pos * lines.lower_slope + neg * lines.upper_slope
+    bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
+    return new_A, bias
+
+
+def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+    """Lower bound of `A . v_start` over the input box, `[batch, specs]`.
+
+    `lines(act)` gives the activation's lines, broadcastable to `[batch, specs, *shape]`.
+    """
+    pending: dict[str, Tensor] = {start: A}
+    total = A.new_zeros(A.shape[:2])
+    for node in reversed(graph.nodes):
+        coeff = pending.pop(node.name, None)
+        if coeff is None:
+            continue
+        if node.op is None:
+            total = total + concretize(coeff, box)
+            continue
+        if isinstance(node.op, ActivationOp):
+            coeff, bias = _relax_backward(coeff, lines(node.name))
+            parts = (coeff,)
+        else:
+            bias = node.op.bias_term(coeff)
+            parts = node.op.vjp(coeff)
+        total = total + bias
+        for name, part in zip(node.inputs, parts):
+            pending[name] = pending[name] + part if name in pending else part
+    return total
+
+
+def unstable_indices(bounds: Interval) -> Tensor:
+    """Flat indices of neurons ambiguous (`l < 0 < u`) in any batch element."""
+    _, _, ambiguous = neuron_status(bounds.lower, bounds.upper)
+    return ambiguous.flatten(1).any(0).nonzero().flatten()
+
+
+def unit_functionals(index: Tensor, shape: tuple[int, ...], batch: int, like: Tensor) -> Tensor:
+    """`[batch, 2k, *shape]`: rows `+e_j` then `-e_j` for each flat index `j` in `index`."""
+    k = index.numel()
+    numel = 1
+    for d in shape:
+        numel *= d
+    eye = like.new_zeros(k, numel)
+    eye[torch.arange(k), index] = 1.0
+    both = torch.cat([eye, -eye]).reshape(2 * k, *shape)
+    return both.unsqueeze(0).expand(batch, *both.shape)
+
+
+def spec_chunk(graph: Graph, batch: int) -> int:
+    """Specs per backward pass so the largest functional stays under MAX_FUNCTIONAL_ELEMENTS."""
+    widest = max(int(torch.Size(n.shape).numel()) for n in graph.nodes)
+    return max(1, MAX_FUNCTIONAL_ELEMENTS // (batch * widest))
+
+
+def bound_neurons(
+    graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn
+) -> tuple[Tensor, Tensor]:
+    """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node` (chunked).
+
+    `lines_for(offset, count)` gives the lines for the chunk of neurons `index[offset:offset+count]`
+    (specs `+e_j` for the chunk, then `-e_j`).
+    """
+    shape, batch = graph[node].shape, box.lower.shape[0]
+    step = max(1, spec_chunk(graph, batch) // 2)
+    lowers, uppers = [], []
+    for offset in range(0, index.numel(), step):
+        part = index[offset : offset + step]
+        A = unit_functionals(part, shape, batch, box.lower)
+        result = backward_bound(graph, node, A, box, lines_for(offset, part.numel()))
+        lowers.append(result[:, : part.numel()])
+        uppers.append(-result[:, part.numel() :])
+    return torch.cat(lowers, 1), torch.cat(uppers, 1)
+
+
+def scatter_bounds(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
+    """`prior` tightened at the flat `index` by `lower`/`upper` (intersection: both are valid)."""
+    flat_l, flat_u = prior.lower.flatten(1), prior.upper.flatten(1)
+    new_l = flat_l.index_copy(1, index, torch.maximum(flat_l[:, index], lower))
+    new_u = flat_u.index_copy(1, index, torch.minimum(flat_u[:, index], upper))
+    return Interval(new_l.reshape(prior.lower.shape), new_u.reshape(prior.upper.shape))
+
+
+def is_first_affine(graph: Graph, node: Node) -> bool:
+    """A single affine op on the input box: IBP is already exact there."""
+    return isinstance(node.op, UnaryAffineOp) and node.inputs == (graph.input.name,)
+
+
+def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
+    """CROWN's lines (adaptive lower slope) from the pre-activation intervals."""
+    cache: dict[str, LinearBounds] = {}
+
+    def lines(act: str) -> LinearBounds:
+        if act not in cache:
+            node = graph[act]
+            pre = intervals[node.inputs[0]]
+            found = node.op.relaxation.linear_bounds(pre.lower, pre.upper)
+            cache[act] = LinearBounds(*(t.unsqueeze(1) for t in _fields(found)))
+        return cache[act]
+
+    return lines
+
+
+def constant_lines(lines: LinesFn) -> ChunkLinesFn:
+    """The same lines for every chunk of specs."""
+    return lambda offset, count: lines
+
+
+def _fields(lines: LinearBounds) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return lines.lower_slope, lines.lower_intercept, lines.upper_slope, lines.upper_intercept
+
+
+def output_functional(graph: Graph, C: Tensor) -> Tensor:
+    """`[batch, 2S, *out_shape]`: `C` then `-C` (lower bounds of both give lower and upper)."""
+    batch, specs = C.shape[:2]
+    both = torch.cat([C, -C], dim=1)
+    return both.reshape(batch, 2 * specs, *graph.output.shape)
+
+
+def split_output(result: Tensor) -> tuple[Tensor, Tensor]:
+    """Lower and upper bounds from the stacked `[C; -C]` result."""
+    specs = result.shape[1] // 2
+    return result[:, :specs], -result[:, specs:]
+
+
+def needs_crown(graph: Graph) -> list[str]:
+    """Pre-activation nodes whose bounds CROWN can tighten (not a single affine op on the box)."""
+    names = dict.fromkeys(graph.pre_activation_names())
+    return [n for n in names if graph[n].op is not None and not is_first_affine(graph, graph[n])]
+
+
+def crown_intervals(graph: Graph, box: Interval) -> dict[str, Interval]:
+    """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations."""
+    intervals: dict[str, Interval] = {graph.input.name: box}
+    targets = set(needs_crown(graph))
+    for node in graph.nodes[1:]:
+        iv = node.op.interval(*(intervals[i] for i in node.inputs))
+        if node.name in targets:
+            index = unstable_indices(iv)
+            if index.numel():
+                lines_for = constant_lines(default_lines(graph, intervals))
+                low, up = bound_neurons(graph, node.name, index, box, lines_for)
+                iv = scatter_bounds(iv, index, low, up)
+        intervals[node.name] = iv
+    return intervals
+
+
+def interval_bound(C: Tensor, output: Interval) -> Tensor:
+    """Lower bounds of `C . y` and `-C . y` `[B, 2S]` from the output's interval (valid, cheap)."""
+    A = torch.cat([C, -C], dim=1)
+    return concretize(A, Interval(output.lower.flatten(1), output.upper.flatten(1)))
+
+
+def crown(graph: Graph, box: Interval, C: Tensor) -> tuple[Tensor, Tensor, dict[str, Interval]]:
+    """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`."""
+    intervals = crown_intervals(graph, box)
+    A = output_functional(graph, C)
+    result = backward_bound(graph, graph.output.name, A, box, default_lines(graph, intervals))
+    result = torch.maximum(result, interval_bound(C, intervals[graph.output.name]))
+    lower, upper = split_output(result)
+    return lower, upper, intervals
