@@ -208,15 +208,22 @@ def _avg_pool(
     count_include_pad: bool = True,
     divisor_override: Any = None,
 ) -> Act:
+    """Average pooling as a depthwise convolution; without `count_include_pad` the border
+    windows are rescaled by a constant elementwise factor (still affine)."""
     kernel, padding = _pair(kernel_size), _pair(padding)
     stride = kernel if stride is None or stride == [] else _pair(stride)
-    if divisor_override is not None or (not count_include_pad and any(padding)):
-        raise _unsupported("avg_pool2d", node, "divisor_override / count_include_pad=False")
+    if divisor_override is not None:
+        raise _unsupported("avg_pool2d", node, "divisor_override")
     op = avg_pool_as_conv(x.shape, kernel, stride, padding, b.dtype)
     expected = F.avg_pool2d(x.value, kernel, stride, padding, ceil_mode, count_include_pad)
     if tuple(expected.shape[1:]) != op.out_shape:
         raise _unsupported("avg_pool2d", node, "ceil_mode changes the output size")
-    return b.add(node, op, [x])
+    pooled = b.add(node, op, [x])
+    if count_include_pad or not any(padding):
+        return pooled
+    ones = torch.ones(1, *x.shape, dtype=b.dtype)
+    share = F.avg_pool2d(ones, kernel, stride, padding, False, True)[0]
+    return _affine_const(b, node + "_border", pooled, 1.0 / share, None)
 
 
 def _batch_norm(b: _Builder, node: str, x: Act, bn: nn.modules.batchnorm._BatchNorm) -> Act:

@@ -93,7 +93,7 @@ class UnaryAffineOp(BoundOp):
         n_in = 1
         for d in self.in_shape:
             n_in *= d
-        proto = self.constants()[0] if self.constants() else torch.zeros(())
+        proto = self.constants()[0] if self.constants() else torch.zeros((), dtype=torch.float64)
         eye = torch.eye(n_in, dtype=proto.dtype, device=proto.device).reshape(n_in, *self.in_shape)
         W = self.linear(eye).reshape(n_in, -1).T
         zero = torch.zeros(1, *self.in_shape, dtype=proto.dtype, device=proto.device)

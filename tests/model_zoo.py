@@ -1,0 +1,107 @@
+"""A zoo of tiny seeded networks covering every supported layer, for soundness tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Normalised(nn.Module):
+    """Input normalisation with buffers, then conv + BatchNorm + avg-pool + linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.3, 0.5]).view(1, 2, 1, 1))
+        self.register_buffer("std", torch.tensor([0.2, 0.4]).view(1, 2, 1, 1))
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.bn = nn.BatchNorm2d(3)
+        self.pool = nn.AvgPool2d(2)
+        self.fc1 = nn.Linear(3 * 3 * 3, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = (x - self.mean) / self.std
+        h = torch.relu(self.bn(self.conv(x)))
+        h = self.pool(h)
+        h = torch.flatten(h, 1)
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+class Residual(nn.Module):
+    """Conv with a residual (skip) connection and a dilated, grouped conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2)
+        self.conv3 = nn.Conv2d(4, 2, 3, stride=2, padding=1)
+        self.drop = nn.Dropout(0.3)
+        self.fc = nn.Linear(2 * 2 * 2, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv1(x))
+        h = torch.relu(self.conv2(h) + h)
+        h = torch.relu(self.conv3(self.drop(h)))
+        return self.fc(h.view(h.size(0), -1))
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _conv_net() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(3, 4, 2, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 2 * 2, 6),
+        nn.ReLU(),
+        nn.Linear(6, 2),
+    )
+
+
+def _bn_mlp() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Identity(), nn.Linear(6, 2)
+    )
+
+
+ZOO: dict[str, tuple] = {
+    # name: (constructor, input shape)
+    "linear": (lambda: nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)), (3,)),
+    "mlp": (lambda: _mlp([4, 8, 8, 3]), (4,)),
+    "deep_mlp": (lambda: _mlp([3, 6, 6, 6, 6, 2]), (3,)),
+    "conv": (_conv_net, (1, 5, 5)),
+    "residual": (Residual, (2, 4, 4)),
+    "normalised": (Normalised, (2, 6, 6)),
+    "bn_mlp": (_bn_mlp, (4,)),
+}
+
+
+def _randomise_batchnorm(net: nn.Module, gen: torch.Generator) -> None:
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.3)
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.randn(m.num_features, generator=gen))
+            m.bias.data.copy_(torch.randn(m.num_features, generator=gen) * 0.2)
+
+
+def make(name: str, seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[nn.Module, tuple]:
+    """The seeded zoo net `name` in eval mode, without gradients, and its input shape."""
+    constructor, shape = ZOO[name]
+    torch.manual_seed(seed)
+    net = constructor()
+    gen = torch.Generator().manual_seed(seed + 1)
+    _randomise_batchnorm(net, gen)
+    net = net.to(dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net, shape

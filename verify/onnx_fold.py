@@ -1,0 +1,175 @@
+"""Constant folding of ONNX nodes in numpy (used by `verify.onnx_loader`).
+
+A node whose inputs are all known at load time (initializers, `Constant` nodes, or the static
+shape of an activation fed to `Shape`) is evaluated here, so that e.g. the
+`Shape -> Gather -> Unsqueeze -> Concat -> Reshape` pattern of `x.view(x.size(0), -1)` reaches the
+graph builder as a plain constant shape. Semantics follow the ONNX operator specification
+(https://onnx.ai/onnx/operators/); only the ops needed for shape and weight arithmetic are here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+Attrs = dict[str, Any]
+Folder = Callable[[Attrs, list[Any]], np.ndarray]
+
+
+def node_attributes(node: onnx.NodeProto) -> Attrs:
+    """The attributes of `node` as python values (str for strings, numpy for tensors)."""
+    out: Attrs = {}
+    for attr in node.attribute:
+        value = onnx.helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        elif isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode("utf-8") for v in value]
+        out[attr.name] = value
+    return out
+
+
+def _constant(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in attrs:
+            value = np.asarray(attrs[key])
+            if key in ("value_float", "value_floats"):
+                return value.astype(np.float32)
+            return value.astype(np.int64) if key.startswith("value_int") else value
+    raise ValueError(f"Constant without a supported value attribute ({sorted(attrs)})")
+
+
+def _axes(attrs: Attrs, xs: list[Any], rank: int) -> list[int] | None:
+    """Axes given as an attribute (opset < 13) or as the second input, made non-negative."""
+    axes = attrs.get("axes")
+    if axes is None and len(xs) > 1 and xs[1] is not None:
+        axes = xs[1].tolist()
+    return None if axes is None else sorted(int(a) % rank for a in np.ravel(axes))
+
+
+def _squeeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    axes = _axes(attrs, xs, xs[0].ndim)
+    return np.squeeze(xs[0]) if axes is None else np.squeeze(xs[0], axis=tuple(axes))
+
+
+def _unsqueeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    n_axes = len(np.ravel(attrs["axes"] if "axes" in attrs else xs[1]))
+    out = xs[0]
+    for axis in _axes(attrs, xs, xs[0].ndim + n_axes) or []:
+        out = np.expand_dims(out, axis)
+    return out
+
+
+def resolve_reshape(in_shape: tuple[int, ...], shape: Any, allowzero: int = 0) -> tuple[int, ...]:
+    """The output shape of ONNX Reshape: 0 copies the input dimension (unless allowzero)."""
+    target = [int(d) for d in np.ravel(shape)]
+    if not allowzero:
+        target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return tuple(np.empty(in_shape, dtype=np.uint8).reshape(target).shape)
+
+
+def _reshape(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    shape = attrs["shape"] if "shape" in attrs else xs[1]
+    return xs[0].reshape(resolve_reshape(xs[0].shape, shape, attrs.get("allowzero", 0)))
+
+
+def _flatten(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    axis = attrs.get("axis", 1) % (xs[0].ndim + 1)
+    return xs[0].reshape(int(np.prod(xs[0].shape[:axis])), -1)
+
+
+def _shape(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    dims = np.asarray(xs[0].shape, dtype=np.int64)
+    return dims[attrs.get("start", 0) : attrs.get("end", len(dims))]
+
+
+def _slice(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    data = xs[0]
+    if "starts" in attrs:
+        starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
+    else:
+        starts, ends = xs[1], xs[2]
+        axes = xs[3] if len(xs) > 3 else None
+        steps = xs[4] if len(xs) > 4 else None
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * data.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        index[int(axis) % data.ndim] = slice(int(start), int(end), int(step))
+    return data[tuple(index)]
+
+
+def _div(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    a, b = xs
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)
+    return (a / b).astype(a.dtype)
+
+
+def _constant_of_shape(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    value = np.asarray(attrs.get("value", np.zeros(1, dtype=np.float32)))
+    return np.full(tuple(int(d) for d in xs[0]), value.ravel()[0], dtype=value.dtype)
+
+
+def _same_type(fn: Callable[..., np.ndarray]) -> Folder:
+    """An elementwise numpy function whose result keeps the first input's dtype."""
+    return lambda attrs, xs: np.asarray(fn(*xs)).astype(xs[0].dtype)
+
+
+def _cast(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    return xs[0].astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))
+
+
+def _transpose(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    return np.transpose(xs[0], attrs.get("perm"))
+
+
+FOLDERS: dict[str, Folder] = {
+    "Constant": _constant,
+    "Identity": lambda attrs, xs: xs[0],
+    "Dropout": lambda attrs, xs: xs[0],
+    "Cast": _cast,
+    "Shape": _shape,
+    "Gather": lambda attrs, xs: np.take(xs[0], xs[1], axis=attrs.get("axis", 0)),
+    "Concat": lambda attrs, xs: np.concatenate(xs, axis=attrs["axis"]),
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Reshape": _reshape,
+    "Flatten": _flatten,
+    "Transpose": _transpose,
+    "Slice": _slice,
+    "ConstantOfShape": _constant_of_shape,
+    "Expand": lambda attrs, xs: np.broadcast_to(
+        xs[0], np.broadcast_shapes(xs[0].shape, tuple(int(d) for d in xs[1]))
+    ).copy(),
+    "Range": lambda attrs, xs: np.arange(xs[0], xs[1], xs[2]).astype(xs[0].dtype),
+    "Add": _same_type(np.add),
+    "Sub": _same_type(np.subtract),
+    "Mul": _same_type(np.multiply),
+    "Div": _div,
+    "Neg": _same_type(np.negative),
+    "Abs": _same_type(np.abs),
+    "Sqrt": _same_type(np.sqrt),
+    "Reciprocal": _same_type(np.reciprocal),
+    "Relu": _same_type(lambda x: np.maximum(x, 0)),
+    "MatMul": _same_type(np.matmul),
+    "Min": _same_type(lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs))),
+    "Max": _same_type(lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs))),
+    "Equal": lambda attrs, xs: np.equal(xs[0], xs[1]),
+    "Where": lambda attrs, xs: np.where(xs[0], xs[1], xs[2]),
+}
+
+
+def fold(node: onnx.NodeProto, inputs: list[Any]) -> np.ndarray:
+    """Evaluate `node` (first output only) on constant numpy `inputs` (None for absent ones).
+
+    Raises KeyError when the op cannot be folded and ValueError/IndexError on malformed nodes.
+    """
+    folder = FOLDERS[node.op_type]
+    return np.asarray(folder(node_attributes(node), inputs))
