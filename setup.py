@@ -1,12 +1,14 @@
 """Neural-network verification and bounds toolkit (packages: verify, bounds, relaxations, crf, kernels)."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="ldverify",
     version="0.1.0",
     description="Sound bounds and verification for neural networks; dense CRF MAP inference.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["verify*", "bounds*", "relaxations*", "crf*", "kernels*"]),

@@ -114,7 +114,7 @@ def _solve(problem, config: LpConfig, integer: bool) -> float:
         try:
             if solver == "HIGHS":
                 gap = {"mip_rel_gap": 0.0, "mip_abs_gap": 0.0} if integer else {}
-                problem.solve(solver=solver, time_limit=config.time_limit, **gap)
+                problem.solve(solver=solver, time_limit=config.time_limit, output_flag=False, **gap)
             else:
                 problem.solve(solver=solver)
         except cp.error.SolverError:

@@ -53,6 +53,32 @@ class AlphaCrownConfig:
             raise ValueError("lr must be > 0 and tolerance >= 0")
 
 
+@dataclass
+class AdamState:
+    """Adam's moments (Kingma and Ba, 2015; betas 0.9, 0.999), written out so that no optimizer
+    machinery (and its import of torch._dynamo) is needed; projects onto [0, 1] after a step."""
+
+    m: list[Tensor]
+    v: list[Tensor]
+    t: int = 0
+
+    @staticmethod
+    def zeros(params: list[Tensor]) -> AdamState:
+        return AdamState(
+            [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+        )
+
+    @torch.no_grad()
+    def step(self, params: list[Tensor], grads: tuple[Tensor, ...], lr: float) -> None:
+        """Descent step on the loss (ascent on the bound), then clamp to [0, 1]."""
+        self.t += 1
+        c1, c2 = 1 - 0.9**self.t, 1 - 0.999**self.t
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            p.sub_(lr * (m / c1) / ((v / c2).sqrt() + 1e-8)).clamp_(0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class _Problem:
     graph: Graph
@@ -137,7 +163,7 @@ def alpha_crown(
     iterations = (
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
-    optimizer = torch.optim.Adam(list(alphas.values()), lr=config.lr) if alphas else None
+    adam = AdamState.zeros(list(alphas.values())) if alphas else None
     best, best_intervals, last_check = None, base, None
     trajectory = []
     for it in range(iterations + 1):
@@ -147,14 +173,10 @@ def alpha_crown(
         detached = result.detach()
         best = detached if best is None else torch.maximum(best, detached)
         best_intervals = {k: best_intervals[k].intersect(_detach(v)) for k, v in intervals.items()}
-        if it == iterations or optimizer is None:
+        if it == iterations or adam is None:
             break
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        with torch.no_grad():
-            for a in alphas.values():
-                a.clamp_(0.0, 1.0)
+        grads = torch.autograd.grad(loss, list(alphas.values()))
+        adam.step(list(alphas.values()), grads, config.lr)
         if (it + 1) % config.check_every == 0:
             total = best.sum()
             elapsed = time.perf_counter() - start_time
