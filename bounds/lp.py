@@ -39,10 +39,13 @@ def _cvxpy():
 @dataclass(frozen=True)
 class LpConfig:
     """solver: 'HIGHS' or 'CLARABEL' (falls back to the other on failure); time_limit in seconds
-    per solve (HiGHS only)."""
+    per solve (HiGHS only); intermediate: how pre-activation bounds are computed (as for the
+    decomposition methods, so methods can be compared with identical intermediate bounds)."""
 
     solver: str = "HIGHS"
     time_limit: float = 600.0
+    intermediate: str = "crown"
+    intermediate_iterations: int = 50
 
     def __post_init__(self) -> None:
         if self.solver not in ("HIGHS", "CLARABEL"):

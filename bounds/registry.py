@@ -7,12 +7,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from bounds.dual import proximal, supergradient
+from bounds.dual.decomposition import crown_duals, problem_from_intervals
+from bounds.dual.intermediate import intermediate_intervals
+from bounds.dual.layers import layered
+from bounds.dual.proximal import ProximalConfig
+from bounds.dual.supergradient import SupergradientConfig
 from bounds.graph import Graph
 from bounds.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
-from bounds.methods.crown import crown, crown_intervals
+from bounds.methods.crown import crown, interval_bound, output_functional, split_output
 from bounds.methods.ibp import ibp
 from bounds.types import Budget, Interval
 
@@ -68,15 +75,46 @@ def _alpha_crown(graph, box, C, config, budget) -> MethodResult:
     return alpha_crown(graph, box, C, config, budget)
 
 
-@register_method("lp", LpConfig, "Planet LP with CROWN intermediate bounds (cvxpy)")
+def _intervals(graph, box, C, config) -> dict[str, Interval]:
+    return intermediate_intervals(
+        graph, box, C, config.intermediate, config.intermediate_iterations
+    )
+
+
+@register_method("lp", LpConfig, "Planet LP for the chosen intermediate bounds (cvxpy)")
 def _lp(graph, box, C, config, budget) -> MethodResult:
-    intervals = crown_intervals(graph, box)
+    intervals = _intervals(graph, box, C, config)
     lower, upper, stats = planet_lp(graph, box, C, intervals, config)
     return lower, upper, intervals, {"solves": stats["solves"]}
 
 
-@register_method("milp", LpConfig, "exact MILP with CROWN big-M bounds (tiny nets)")
+@register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bounds (tiny nets)")
 def _milp(graph, box, C, config, budget) -> MethodResult:
-    intervals = crown_intervals(graph, box)
+    intervals = _intervals(graph, box, C, config)
     lower, upper, stats = milp(graph, box, C, intervals, config)
     return lower, upper, intervals, {"solves": stats["solves"]}
+
+
+def _decomposition(solve_fn):
+    """A Lagrangian-decomposition method: intermediate bounds, CROWN duals, then `solve_fn`.
+    The result is never below the CROWN bound (its duals start the solver) nor the interval
+    bound of the output."""
+
+    def run(graph, box, C, config, budget) -> MethodResult:
+        net = layered(graph)
+        intervals = _intervals(graph, box, C, config)
+        problem = problem_from_intervals(net, box, intervals, output_functional(graph, C))
+        result = solve_fn(problem, config, crown_duals(problem), budget)
+        best = torch.maximum(result.lower, interval_bound(C, intervals[graph.output.name]))
+        lower, upper = split_output(best)
+        return lower, upper, intervals, {**result.stats, "duals": result.duals}
+
+    return run
+
+
+register_method(
+    "supergradient", SupergradientConfig, "Lagrangian decomposition, supergradient ascent"
+)(_decomposition(supergradient.solve))
+register_method("prox", ProximalConfig, "Lagrangian decomposition, proximal method")(
+    _decomposition(proximal.solve)
+)

@@ -1,0 +1,78 @@
+"""Anytime bookkeeping shared by the dual solvers: the best valid bound per problem with its
+duals, budget checks every few iterations (host time only, no device sync in between), the
+(time, bound) trajectory, and the final float64 re-evaluation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from bounds.dual.decomposition import Problem, evaluate
+from bounds.dual.duals import Duals
+from bounds.types import Budget
+
+
+@dataclass(frozen=True)
+class DualResult:
+    """lower: `[B, S]` valid bounds (float64-checked); duals: the duals achieving them."""
+
+    lower: Tensor
+    duals: Duals
+    stats: dict
+
+
+@dataclass
+class Best:
+    """Best dual value per problem and the duals achieving it."""
+
+    value: Tensor
+    duals: Duals
+
+    def update(self, value: Tensor, duals: Duals) -> None:
+        improved = value > self.value
+        self.value = torch.where(improved, value, self.value)
+        self.duals = duals.where(improved, self.duals)
+
+
+@dataclass
+class Clock:
+    """Iteration / time budget, checked only every `check_every` iterations."""
+
+    iterations: int
+    seconds: float | None
+    check_every: int
+    start: float = field(default_factory=time.perf_counter)
+    trajectory: list[tuple[float, Tensor]] = field(default_factory=list)
+
+    @staticmethod
+    def from_budget(budget: Budget | None, iterations: int, check_every: int) -> Clock:
+        if budget is not None and budget.iterations is not None:
+            iterations = budget.iterations
+        seconds = None if budget is None else budget.seconds
+        return Clock(iterations, seconds, check_every)
+
+    def checkpoint(self, it: int, best: Best) -> bool:
+        """Record the trajectory every `check_every` iterations; True when the time is up."""
+        if (it + 1) % self.check_every:
+            return False
+        elapsed = time.perf_counter() - self.start
+        self.trajectory.append((elapsed, best.value.clone()))
+        return self.seconds is not None and elapsed >= self.seconds
+
+    def stats(self, iterations: int) -> dict:
+        return {
+            "iterations": iterations,
+            "trajectory": [(t, v.detach().cpu()) for t, v in self.trajectory],
+            "solver_seconds": time.perf_counter() - self.start,
+        }
+
+
+def finalize(problem: Problem, best: Best, clock: Clock, iterations: int) -> DualResult:
+    """Re-evaluate the best duals in float64 (the reported value is `q` at those duals, never a
+    running accumulator) and package the result in the problem's dtype."""
+    dtype = problem.c.dtype
+    value, _ = evaluate(problem.to(torch.float64), best.duals.to(torch.float64))
+    return DualResult(value.to(dtype), best.duals, clock.stats(iterations))
