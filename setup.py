@@ -21,7 +21,17 @@ setup(
     extras_require={
         "lp": ["cvxpy>=1.5", "highspy>=1.7", "clarabel>=0.7"],
         "examples": ["scikit-learn>=1.3"],
-        "bench": ["matplotlib>=3.7", "scikit-learn>=1.3", "cvxpy>=1.5", "highspy>=1.7"],
+        "crf": ["pillow>=10"],
+        "bench": [
+            "matplotlib>=3.7",
+            "scikit-learn>=1.3",
+            "scikit-image>=0.22",
+            "cvxpy>=1.5",
+            "highspy>=1.7",
+            "pillow>=10",
+        ],
+        # Peers compared in benchmarks (pydensecrf2 builds from source, about a minute).
+        "peers": ["pydensecrf2"],
         "dev": [
             "cvxpy>=1.5",
             "highspy>=1.7",

@@ -1,0 +1,159 @@
+"""The dense-CRF model as tensors: unaries and weighted Gaussian (Potts) kernels.
+
+Energy (Krahenbuhl and Koltun 2011, Eq. 1-3), over ordered pairs ``a != b``:
+
+    E(x) = sum_a phi_a(x_a) + sum_{a != b} K_ab [x_a != x_b],
+    K_ab = w_s exp(-|dp|^2 / 2 sigma_gamma^2) + w_b exp(-|dp|^2 / 2 sigma_alpha^2 - |dI|^2 / 2 sigma_beta^2)
+
+Layout: pixels first, labels last: ``unary`` is (B, N, M) with N = H * W (row-major). With
+``normalize="symmetric"`` the model's kernels are ``D^-1/2 k D^-1/2`` per kernel, with
+``D = diag(k 1)`` (the pixel included), exactly as pydensecrf's NORMALIZE_SYMMETRIC; the solvers
+minimise the model's energy, and :mod:`crf.energy` reports energies with the *un-normalised*
+kernels (``raw``) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from crf.errors import ConfigError
+from crf.pairwise import ExactKernel, LatticeKernel
+
+__all__ = ["CRFModel", "KernelParams", "KernelTerm", "build_model"]
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """Potts kernel weights and bandwidths (pixels, 0-255 intensities)."""
+
+    w_smooth: float = 3.0
+    sigma_smooth: float = 3.0
+    w_appearance: float = 10.0
+    sigma_xy: float = 80.0
+    sigma_rgb: float = 13.0
+
+    def __post_init__(self) -> None:
+        for name in ("w_smooth", "w_appearance"):
+            v = float(getattr(self, name))
+            if not v >= 0 or v == float("inf"):
+                raise ConfigError(f"KernelParams.{name} must be finite and >= 0, got {v}")
+        for name in ("sigma_smooth", "sigma_xy", "sigma_rgb"):
+            v = float(getattr(self, name))
+            if not 0 < v < float("inf"):
+                raise ConfigError(f"KernelParams.{name} must be finite and > 0, got {v}")
+
+
+@dataclass(frozen=True)
+class KernelTerm:
+    """One weighted kernel ``w * n_a k(a, b) n_b`` (``norm`` = n, (B, N, 1), or None)."""
+
+    weight: float
+    kernel: ExactKernel | LatticeKernel
+    norm: torch.Tensor | None
+
+
+class CRFModel:
+    """Unaries (B, N, M) and kernel terms; all filterings are (B, N, C) -> (B, N, C)."""
+
+    def __init__(self, unary: torch.Tensor, terms: tuple[KernelTerm, ...], hw: tuple[int, int]):
+        self.unary = unary
+        self.terms = terms
+        self.height, self.width = hw
+
+    @property
+    def n_labels(self) -> int:
+        return self.unary.shape[-1]
+
+    def filter(self, v: torch.Tensor) -> torch.Tensor:
+        """Model kernel ``sum_m w_m n_m k_m (n_m v)``, the pixel itself included."""
+        out = None
+        for t in self.terms:
+            f = t.kernel.filter(v) if t.norm is None else t.norm * t.kernel.filter(t.norm * v)
+            out = f.mul_(t.weight) if out is None else out.add_(f, alpha=t.weight)
+        return torch.zeros_like(v) if out is None else out
+
+    def filter_raw(self, v: torch.Tensor) -> torch.Tensor:
+        """Un-normalised kernel ``sum_m w_m k_m v`` (used for reported energies)."""
+        out = torch.zeros_like(v)
+        for t in self.terms:
+            out.add_(t.kernel.filter(v), alpha=t.weight)
+        return out
+
+    @cached_property
+    def self_weight(self) -> torch.Tensor:
+        """(B, N, 1) diagonal ``K_aa`` of the model kernel (exact value: ``sum_m w_m n_m(a)^2``)."""
+        out = torch.zeros_like(self.unary[..., :1])
+        for t in self.terms:
+            out = out + (t.weight if t.norm is None else t.weight * t.norm**2)
+        return out
+
+    @cached_property
+    def row_sums(self) -> torch.Tensor:
+        """(B, N, 1) ``sum_b K_ab`` of the model kernel (pixel included)."""
+        return self.filter(torch.ones_like(self.unary[..., :1]))
+
+    @cached_property
+    def raw_row_sums(self) -> torch.Tensor:
+        """(B, N, 1) ``sum_b K_ab`` of the un-normalised kernel (pixel included)."""
+        return self.filter_raw(torch.ones_like(self.unary[..., :1]))
+
+    def level_sums(self, levels: torch.Tensor, n_levels: int) -> torch.Tensor:
+        """Model-kernel two-sided level sums ``sum_b K_ab ([lev_b <= lev_a] + [lev_b < lev_a])``."""
+        out = torch.zeros(levels.shape, dtype=self.unary.dtype, device=levels.device)
+        ones = torch.ones_like(self.unary[..., :1])
+        for t in self.terms:
+            n = ones if t.norm is None else t.norm
+            out = out + t.weight * n * t.kernel.level_sums(levels, n, n_levels)
+        return out
+
+
+def _features(image: torch.Tensor, params: KernelParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, N, 2) smoothness and (B, N, 5) appearance features ``(x, y[, r, g, b]) / sigma``."""
+    b, h, w, _ = image.shape
+    yy, xx = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64, device=image.device),
+        torch.arange(w, dtype=torch.float64, device=image.device),
+        indexing="ij",
+    )
+    pos = torch.stack([xx, yy], -1).reshape(1, h * w, 2).expand(b, -1, -1)
+    rgb = image.reshape(b, h * w, 3).to(torch.float64)
+    smooth = pos / params.sigma_smooth
+    appear = torch.cat([pos / params.sigma_xy, rgb / params.sigma_rgb], -1)
+    return smooth, appear
+
+
+def build_model(
+    image: torch.Tensor,
+    unary: torch.Tensor,
+    params: KernelParams,
+    *,
+    normalize: str | None,
+    filtering: str = "lattice",
+) -> CRFModel:
+    """Build the model from a (B, H, W, 3) image and (B, H, W, M) unaries (already validated).
+
+    ``filtering``: ``"lattice"`` (permutohedral, approximate, O(N)) or ``"exact"`` (dense O(N^2),
+    tiny instances only). Kernels with zero weight are dropped.
+    """
+    if normalize not in (None, "symmetric"):
+        raise ConfigError(f"normalize must be 'symmetric' or None, got {normalize!r}")
+    if filtering not in ("lattice", "exact"):
+        raise ConfigError(f"filtering must be 'lattice' or 'exact', got {filtering!r}")
+    b, h, w, m = unary.shape
+    dtype = unary.dtype
+    cls = LatticeKernel if filtering == "lattice" else ExactKernel
+    smooth, appear = _features(image, params)
+    terms = []
+    for weight, feats in ((params.w_smooth, smooth), (params.w_appearance, appear)):
+        if weight == 0:
+            continue
+        kernel = cls(feats, dtype)
+        norm = None
+        if normalize == "symmetric":
+            ones = torch.ones(b, h * w, 1, dtype=dtype, device=unary.device)
+            norm = 1.0 / torch.sqrt(kernel.filter(ones) + 1e-20)
+        terms.append(KernelTerm(float(weight), kernel, norm))
+    return CRFModel(unary.reshape(b, h * w, m), tuple(terms), (h, w))

@@ -1,0 +1,74 @@
+"""Shared solver pieces: the result type, the budget (iterations / seconds) and the registry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from crf.errors import ConfigError
+
+__all__ = ["SOLVERS", "Budget", "SolverResult", "check_positive", "register"]
+
+SOLVERS: dict[str, tuple[Callable, type]] = {}
+
+
+def register(name: str, config_cls: type) -> Callable:
+    """Decorator: register ``solve(model, init, config)`` under ``name`` with its config type."""
+
+    def wrap(fn: Callable) -> Callable:
+        SOLVERS[name] = (fn, config_cls)
+        return fn
+
+    return wrap
+
+
+def check_positive(obj: object, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+    """Raise :class:`ConfigError` unless each named field is a finite number > 0 (or >= 0)."""
+    for name in names:
+        v = getattr(obj, name)
+        ok = isinstance(v, int | float) and v == v and abs(v) != float("inf")
+        ok = ok and (v >= 0 if allow_zero else v > 0)
+        if not ok:
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{type(obj).__name__}.{name} must be finite and {bound}, got {v!r}")
+
+
+@dataclass
+class SolverResult:
+    """Relaxed solution ``q`` (B, N, M), best rounded ``labels`` (B, N), their model ``energy``
+    (B,) float64, the iteration count, wall time, and method-specific ``stats``."""
+
+    q: torch.Tensor
+    labels: torch.Tensor
+    energy: torch.Tensor
+    iterations: int
+    seconds: float
+    stats: dict = field(default_factory=dict)
+
+
+class Budget:
+    """Iteration and wall-clock budget; the clock is read only every ``check_every`` steps."""
+
+    def __init__(self, iterations: int, seconds: float | None, check_every: int = 1) -> None:
+        self.iterations = iterations
+        self.seconds = seconds
+        self.check_every = max(1, check_every)
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def out_of_time(self) -> bool:
+        """True once the seconds budget is spent (reads the clock; no device sync)."""
+        return self.seconds is not None and self.elapsed() >= self.seconds
+
+    def exhausted(self, it: int) -> bool:
+        """True once ``it`` (completed iterations) reaches the limit or time is up."""
+        if it >= self.iterations:
+            return True
+        if self.seconds is not None and it % self.check_every == 0:
+            return self.elapsed() >= self.seconds
+        return False
