@@ -95,6 +95,19 @@ def _milp(graph, box, C, config, budget) -> MethodResult:
     return lower, upper, intervals, {"solves": stats["solves"]}
 
 
+def _initial_duals(graph, box, C, problem, intervals, config):
+    """Duals to start from and a valid bound `[B, 2S]` they must not fall below: CROWN's, or
+    alpha-CROWN's (final-layer slopes optimised for `config.init_iterations` with the same
+    intermediate bounds, turned into duals: Bunel et al. 2020, Sec. 4.3)."""
+    if config.init == "crown" or config.init_iterations == 0:
+        init = crown_duals(problem)
+        return init, problem.c.new_full(problem.c.shape[:2], -torch.inf)
+    alpha_config = AlphaCrownConfig(iterations=config.init_iterations, optimize_intermediate=False)
+    low, up, _, stats = alpha_crown(graph, box, C, alpha_config, intervals=intervals)
+    slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
+    return crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
+
+
 def _decomposition(solve_fn):
     """A Lagrangian-decomposition method: intermediate bounds, CROWN duals, then `solve_fn`.
     The result is never below the CROWN bound (its duals start the solver) nor the interval
@@ -104,8 +117,10 @@ def _decomposition(solve_fn):
         net = layered(graph)
         intervals = _intervals(graph, box, C, config)
         problem = problem_from_intervals(net, box, intervals, output_functional(graph, C))
-        result = solve_fn(problem, config, crown_duals(problem), budget)
-        best = torch.maximum(result.lower, interval_bound(C, intervals[graph.output.name]))
+        init, start = _initial_duals(graph, box, C, problem, intervals, config)
+        result = solve_fn(problem, config, init, budget)
+        best = torch.maximum(result.lower, start)
+        best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
         lower, upper = split_output(best)
         return lower, upper, intervals, {**result.stats, "duals": result.duals}
 

@@ -34,7 +34,8 @@ class ProximalConfig:
     between anchor moves; eta_start/eta_end: the proximal weight, grown linearly; momentum: on
     the anchor moves; check_every: sweeps between time checks; intermediate: how pre-activation
     bounds are computed (ibp, crown, alpha-crown, prox, supergradient), the last two with
-    `intermediate_iterations` per layer."""
+    `intermediate_iterations` per layer; init: start from the duals of `crown` or of
+    `alpha-crown` (its final-layer slopes after `init_iterations` steps)."""
 
     iterations: int = 100
     inner: int = 2
@@ -44,8 +45,12 @@ class ProximalConfig:
     check_every: int = 10
     intermediate: str = "crown"
     intermediate_iterations: int = 50
+    init: str = "alpha-crown"
+    init_iterations: int = 20
 
     def __post_init__(self) -> None:
+        if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
+            raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
         if self.iterations < 0 or self.inner < 1 or self.check_every < 1:
             raise ValueError("iterations >= 0, inner >= 1 and check_every >= 1 are required")
         if not (self.eta_start > 0 and self.eta_end > 0) or not 0 <= self.momentum < 1:

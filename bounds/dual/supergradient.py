@@ -26,8 +26,12 @@ class SupergradientConfig:
     check_every: int = 10
     intermediate: str = "crown"
     intermediate_iterations: int = 50
+    init: str = "alpha-crown"
+    init_iterations: int = 20
 
     def __post_init__(self) -> None:
+        if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
+            raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
         if self.iterations < 0 or self.check_every < 1:
             raise ValueError("iterations must be >= 0 and check_every >= 1")
         if not (self.initial_step > 0 and self.final_step > 0):

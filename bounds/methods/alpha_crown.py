@@ -147,11 +147,20 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
 
 
 def alpha_crown(
-    graph: Graph, box: Interval, C: Tensor, config: AlphaCrownConfig, budget: Budget | None = None
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    config: AlphaCrownConfig,
+    budget: Budget | None = None,
+    intervals: dict[str, Interval] | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:
-    """Optimised-slope bounds on `C . y`: `(lower, upper, intervals, stats)`."""
+    """Optimised-slope bounds on `C . y`: `(lower, upper, intervals, stats)`.
+
+    `intervals`: valid intervals of every node to start from (default: CROWN's); they are never
+    loosened. `stats['final_slopes']` maps each activation to its last output slopes
+    `[B, 2S, *shape]` (specs `C` then `-C`)."""
     start_time = time.perf_counter()
-    base = crown_intervals(graph, box)
+    base = intervals if intervals is not None else crown_intervals(graph, box)
     targets = {}
     if config.optimize_intermediate:
         for name in needs_crown(graph):
@@ -189,7 +198,9 @@ def alpha_crown(
                 break
             last_check = total
     lower, upper = split_output(best)
-    stats = {"iterations": it, "trajectory": trajectory}
+    out = graph.output.name
+    slopes = {act: alphas[out, act].detach() for act in _activations_before(graph, out)}
+    stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
     return lower, upper, best_intervals, stats
 
 
