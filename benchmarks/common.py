@@ -55,7 +55,9 @@ def region_margin(lower: torch.Tensor, b: torch.Tensor, owner: list[int], n_poly
 
 def cifar_images(n: int):
     """The first `n` CIFAR-10 test images in [0, 1] (3x32x32) and their labels."""
-    rows = np.loadtxt(DATA / "oval" / "cifar10_test_first100.csv", delimiter=",", max_rows=n, ndmin=2)
+    rows = np.loadtxt(
+        DATA / "oval" / "cifar10_test_first100.csv", delimiter=",", max_rows=n, ndmin=2
+    )
     images = (
         torch.tensor(rows[:, 1:], dtype=torch.float32).reshape(n, 32, 32, 3).permute(0, 3, 1, 2)
     )
