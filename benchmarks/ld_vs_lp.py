@@ -210,6 +210,11 @@ PROVEN_METHODS = {
     "crown": {"method": "crown"},
     "alpha-crown": {"method": "alpha-crown"},
     "prox": {"method": "prox", "iterations": 100},
+    "prox+alpha-crown-intermediate": {
+        "method": "prox",
+        "iterations": 100,
+        "intermediate": "alpha-crown",
+    },
     "prox+LD-intermediate": {
         "method": "prox",
         "iterations": 100,
