@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
 from bounds.dual import proximal, supergradient
@@ -16,10 +15,9 @@ from bounds.dual.layers import LayeredNet, layered
 from bounds.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
+    bound_in_chunks,
     crown_intervals,
     scatter_bounds,
-    spec_chunk,
-    unit_functionals,
     unstable_indices,
 )
 from bounds.types import Budget, Interval
@@ -37,17 +35,14 @@ def _tighten_layer(
     if not index.numel():
         return current
     truncated = net.truncated(k)
-    shape, batch = graph[name].shape, box.lower.shape[0]
-    step = max(1, spec_chunk(graph, batch) // 2)
-    lowers, uppers = [], []
-    for offset in range(0, index.numel(), step):
-        part = index[offset : offset + step]
-        c = unit_functionals(part, shape, batch, box.lower)
+
+    def lower_bound(c: Tensor, offset: int, count: int) -> Tensor:
         problem = problem_from_intervals(truncated, box, intervals, c)
-        value = solve(problem, crown_duals(problem))
-        lowers.append(value[:, : part.numel()])
-        uppers.append(-value[:, part.numel() :])
-    return scatter_bounds(current, index, torch.cat(lowers, 1), torch.cat(uppers, 1))
+        return solve(problem, crown_duals(problem))
+
+    batch = box.lower.shape[0]
+    low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound)
+    return scatter_bounds(current, index, low, up)
 
 
 def decomposition_intervals(

@@ -92,24 +92,33 @@ def spec_chunk(graph: Graph, batch: int) -> int:
     return max(1, MAX_FUNCTIONAL_ELEMENTS // (batch * widest))
 
 
-def bound_neurons(
-    graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn
+def bound_in_chunks(
+    graph: Graph, node: str, index: Tensor, batch: int, like: Tensor, lower_bound: Callable
 ) -> tuple[Tensor, Tensor]:
-    """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node` (chunked).
-
-    `lines_for(offset, count)` gives the lines for the chunk of neurons `index[offset:offset+count]`
-    (specs `+e_j` for the chunk, then `-e_j`).
-    """
-    shape, batch = graph[node].shape, box.lower.shape[0]
+    """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
+    functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(A, offset, count)` gives lower
+    bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`)."""
+    shape = graph[node].shape
     step = max(1, spec_chunk(graph, batch) // 2)
     lowers, uppers = [], []
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
-        A = unit_functionals(part, shape, batch, box.lower)
-        result = backward_bound(graph, node, A, box, lines_for(offset, part.numel()))
+        result = lower_bound(unit_functionals(part, shape, batch, like), offset, part.numel())
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
+
+
+def bound_neurons(
+    graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn
+) -> tuple[Tensor, Tensor]:
+    """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
+    `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`."""
+
+    def lower_bound(A: Tensor, offset: int, count: int) -> Tensor:
+        return backward_bound(graph, node, A, box, lines_for(offset, count))
+
+    return bound_in_chunks(graph, node, index, box.lower.shape[0], box.lower, lower_bound)
 
 
 def scatter_bounds(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
