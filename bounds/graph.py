@@ -69,11 +69,15 @@ class Graph:
             values[node.name] = node.op.forward(*(values[i] for i in node.inputs))
         return values if all_values else values[self.output.name]
 
-    def interval(self, box: Interval) -> dict[str, Interval]:
-        """Interval bound propagation (IBP) through every node."""
+    def interval(
+        self, box: Interval, given: dict[str, Interval] | None = None
+    ) -> dict[str, Interval]:
+        """Interval bound propagation (IBP) through every node; `given` intervals (valid on the
+        region, e.g. ReLU splits) are intersected in where present."""
         out: dict[str, Interval] = {INPUT: box}
         for node in self.nodes[1:]:
-            out[node.name] = node.op.interval(*(out[i] for i in node.inputs))
+            iv = node.op.interval(*(out[i] for i in node.inputs))
+            out[node.name] = iv.intersect(given[node.name]) if given and node.name in given else iv
         return out
 
     def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> Graph:

@@ -16,12 +16,17 @@ from bounds.dual.intermediate import intermediate_intervals
 from bounds.dual.layers import layered
 from bounds.dual.proximal import ProximalConfig
 from bounds.dual.supergradient import SupergradientConfig
-from bounds.graph import Graph
 from bounds.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
-from bounds.methods.crown import crown, interval_bound, output_functional, split_output
+from bounds.methods.crown import (
+    crown,
+    crown_intervals,
+    interval_bound,
+    output_functional,
+    split_output,
+)
 from bounds.methods.ibp import ibp
-from bounds.types import Budget, Interval
+from bounds.types import Interval
 
 MethodResult = tuple[Tensor, Tensor, dict[str, Interval], dict[str, Any]]
 
@@ -34,7 +39,7 @@ class NoConfig:
 @dataclass(frozen=True)
 class Method:
     name: str
-    run: Callable[[Graph, Interval, Tensor, Any, Budget | None], MethodResult]
+    run: Callable[..., MethodResult]  # (graph, box, C, config, budget, given)
     config_type: type
     description: str
 
@@ -61,36 +66,37 @@ def available_methods() -> list[str]:
 
 
 @register_method("ibp", NoConfig, "interval bound propagation")
-def _ibp(graph, box, C, config, budget) -> MethodResult:
-    return (*ibp(graph, box, C), {})
+def _ibp(graph, box, C, config, budget, given) -> MethodResult:
+    return (*ibp(graph, box, C, given), {})
 
 
 @register_method("crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds")
-def _crown(graph, box, C, config, budget) -> MethodResult:
-    return (*crown(graph, box, C), {})
+def _crown(graph, box, C, config, budget, given) -> MethodResult:
+    return (*crown(graph, box, C, given), {})
 
 
 @register_method("alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)")
-def _alpha_crown(graph, box, C, config, budget) -> MethodResult:
-    return alpha_crown(graph, box, C, config, budget)
+def _alpha_crown(graph, box, C, config, budget, given) -> MethodResult:
+    base = crown_intervals(graph, box, given) if given else None
+    return alpha_crown(graph, box, C, config, budget, intervals=base)
 
 
-def _intervals(graph, box, C, config) -> dict[str, Interval]:
+def _intervals(graph, box, C, config, given) -> dict[str, Interval]:
     return intermediate_intervals(
-        graph, box, C, config.intermediate, config.intermediate_iterations
+        graph, box, C, config.intermediate, config.intermediate_iterations, given
     )
 
 
 @register_method("lp", LpConfig, "Planet LP for the chosen intermediate bounds (cvxpy)")
-def _lp(graph, box, C, config, budget) -> MethodResult:
-    intervals = _intervals(graph, box, C, config)
+def _lp(graph, box, C, config, budget, given) -> MethodResult:
+    intervals = _intervals(graph, box, C, config, given)
     lower, upper, stats = planet_lp(graph, box, C, intervals, config)
     return lower, upper, intervals, {"solves": stats["solves"]}
 
 
 @register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bounds (tiny nets)")
-def _milp(graph, box, C, config, budget) -> MethodResult:
-    intervals = _intervals(graph, box, C, config)
+def _milp(graph, box, C, config, budget, given) -> MethodResult:
+    intervals = _intervals(graph, box, C, config, given)
     lower, upper, stats = milp(graph, box, C, intervals, config)
     return lower, upper, intervals, {"solves": stats["solves"]}
 
@@ -113,9 +119,9 @@ def _decomposition(solve_fn):
     The result is never below the CROWN bound (its duals start the solver) nor the interval
     bound of the output."""
 
-    def run(graph, box, C, config, budget) -> MethodResult:
+    def run(graph, box, C, config, budget, given) -> MethodResult:
         net = layered(graph)
-        intervals = _intervals(graph, box, C, config)
+        intervals = _intervals(graph, box, C, config, given)
         problem = problem_from_intervals(net, box, intervals, output_functional(graph, C))
         init, start = _initial_duals(graph, box, C, problem, intervals, config)
         result = solve_fn(problem, config, init, budget)

@@ -138,3 +138,43 @@ def test_nan_weights_are_rejected():
         net[0].bias[1] = float("inf")
     with pytest.raises(verify.InvalidNetworkError):
         verify.bounds(net, 0.1, x=torch.zeros(1, 3))
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown", "alpha-crown", "prox", "lp"])
+def test_relu_split_children_are_sound_on_their_subdomains(method):
+    """Split one ambiguous neuron: each child's bound holds on the points of its half."""
+    net, shape = make("mlp", seed=0)
+    x = torch.rand(1, *shape, generator=torch.Generator().manual_seed(0), dtype=D)
+    eps = 0.6
+    parent = verify.bounds(net, eps, x=x, method="crown")
+    graph = verify.network_graph(net, shape)
+    name = graph.pre_activation_names()[1]
+    iv = parent.intermediate[name]
+    ambiguous = ((iv.lower < 0) & (iv.upper > 0))[0].nonzero().flatten()
+    assert ambiguous.numel(), "the test needs an ambiguous neuron"
+    j = int(ambiguous[0])
+    points = box_samples(x - eps, x + eps, 3000)
+    pre = graph.forward(points[0], all_values=True)[name][:, j]
+    inf = torch.full((1, *graph[name].shape), float("inf"), dtype=D)
+    for active in (True, False):
+        lower, upper = -inf.clone(), inf.clone()
+        if active:
+            lower[0, j] = 0.0
+        else:
+            upper[0, j] = 0.0
+        child = verify.bounds(net, eps, x=x, method=method, node_bounds={name: (lower, upper)})
+        keep = pre >= 0 if active else pre <= 0
+        values = spec_values(net, points[:, keep], torch.eye(3, dtype=D)[None])
+        assert_contains(child.lower, child.upper, values)
+        assert (
+            (child.intermediate[name].lower[0, j] >= 0)
+            if active
+            else (child.intermediate[name].upper[0, j] <= 0)
+        )
+
+
+def test_node_bounds_are_validated(mlp):
+    net, shape = mlp
+    x = torch.rand(1, *shape, dtype=D)
+    with pytest.raises(verify.ShapeMismatchError, match="unknown node"):
+        verify.bounds(net, 0.1, x=x, node_bounds={"nope": (0.0, 1.0)})

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bounds.errors import InvalidNetworkError, ShapeMismatchError
+from bounds.errors import InvalidNetworkError, InvalidRegionError, ShapeMismatchError
 from bounds.graph import Graph, build_graph
 from bounds.registry import get_method
-from bounds.types import Bounds, Budget
+from bounds.types import Bounds, Budget, Interval
 from verify.region import input_box, output_spec
 
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -74,6 +74,25 @@ def _config(method, config: Any, options: dict[str, Any]):
     return method.config_type(**options)
 
 
+def _node_bounds(graph: Graph, node_bounds, box: Interval) -> dict[str, Interval] | None:
+    """Validated `node_bounds`: known node names, `[batch, *shape]` tensors, lower <= upper."""
+    if not node_bounds:
+        return None
+    out = {}
+    batch, dtype, device = box.lower.shape[0], box.lower.dtype, box.lower.device
+    for name, value in node_bounds.items():
+        if name not in {n.name for n in graph.nodes[1:]}:
+            raise ShapeMismatchError(f"node_bounds names unknown node {name!r}")
+        lower, upper = (value.lower, value.upper) if isinstance(value, Interval) else value
+        shape = (batch, *graph[name].shape)
+        lower = torch.as_tensor(lower, dtype=dtype, device=device).expand(shape)
+        upper = torch.as_tensor(upper, dtype=dtype, device=device).expand(shape)
+        if (lower > upper).any():
+            raise InvalidRegionError(f"node_bounds of {name!r} are empty (lower > upper)")
+        out[name] = Interval(lower, upper)
+    return out
+
+
 def bounds(
     net: nn.Module | Graph,
     eps: float | Any = None,
@@ -86,6 +105,7 @@ def bounds(
     input_shape: tuple[int, ...] | None = None,
     method: str = "alpha-crown",
     budget: Budget | int | float | None = None,
+    node_bounds: dict[str, Any] | None = None,
     config: Any = None,
     **options: Any,
 ) -> Bounds:
@@ -97,6 +117,9 @@ def bounds(
     `method`: one of `bounds.registry.available_methods()` (ibp, crown, alpha-crown, lp, milp).
     `budget`: `Budget(iterations=, seconds=)`, an int (iterations) or a float (seconds), for
     iterative methods. Method options as keywords (e.g. `iterations=50, lr=0.05`) or `config=`.
+    `node_bounds`: extra bounds valid on the region, `{node name: Interval or (lower, upper)}`
+    with `[batch, *shape]` tensors (e.g. ReLU splits of branch-and-bound domains: `lower = 0`
+    for active neurons, `upper = 0` for inactive ones); every method intersects them in.
 
     Returns `Bounds(lower [B, S], upper [B, S], intermediate, stats)`; `intermediate` maps each
     pre-activation node's name to its `Interval`.
@@ -115,8 +138,9 @@ def bounds(
         graph = graph.to(dtype, device)
     n_out = int(torch.Size(graph.output.shape).numel())
     spec = output_spec(C, box.lower.shape[0], n_out, dtype, box.lower.device)
+    given = _node_bounds(graph, node_bounds, box)
     with torch.no_grad():
-        low, up, intervals, stats = chosen.run(graph, box, spec, cfg, _budget(budget))
+        low, up, intervals, stats = chosen.run(graph, box, spec, cfg, _budget(budget), given)
     if not (torch.isfinite(low).all() and torch.isfinite(up).all()):
         raise InvalidNetworkError("bounds are not finite: check the weights' magnitudes")
     pre = {name: intervals[name] for name in graph.pre_activation_names()}

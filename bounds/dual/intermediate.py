@@ -46,11 +46,15 @@ def _tighten_layer(
 
 
 def decomposition_intervals(
-    graph: Graph, net: LayeredNet, box: Interval, solve: Callable[..., Tensor]
+    graph: Graph,
+    net: LayeredNet,
+    box: Interval,
+    solve: Callable[..., Tensor],
+    given: dict[str, Interval] | None = None,
 ) -> dict[str, Interval]:
     """CROWN intervals, then each hidden layer k >= 2 tightened in turn by `solve(problem, init)
     -> [B, S] lower bounds` (a decomposition solver with its own budget)."""
-    intervals = crown_intervals(graph, box)
+    intervals = crown_intervals(graph, box, given)
     for k in range(2, net.n_hidden + 1):
         name = net.pre_names[k - 1]
         intervals[name] = _tighten_layer(graph, net, box, intervals, k, solve)
@@ -58,16 +62,22 @@ def decomposition_intervals(
 
 
 def intermediate_intervals(
-    graph: Graph, box: Interval, C: Tensor, kind: str, iterations: int = 50
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    kind: str,
+    iterations: int = 50,
+    given: dict[str, Interval] | None = None,
 ) -> dict[str, Interval]:
     """Intervals of every node by the method `kind` (see module docstring); `iterations` is
-    the decomposition solvers' budget per layer."""
+    the decomposition solvers' budget per layer; `given` intervals are intersected in."""
     if kind == "ibp":
-        return graph.interval(box)
+        return graph.interval(box, given)
     if kind == "crown":
-        return crown_intervals(graph, box)
+        return crown_intervals(graph, box, given)
     if kind == "alpha-crown":
-        return alpha_crown(graph, box, C, AlphaCrownConfig())[2]
+        base = crown_intervals(graph, box, given)
+        return alpha_crown(graph, box, C, AlphaCrownConfig(), intervals=base)[2]
     solvers = {
         "prox": (proximal.solve, proximal.ProximalConfig()),
         "supergradient": (supergradient.solve, supergradient.SupergradientConfig()),
@@ -79,4 +89,4 @@ def intermediate_intervals(
     def solve(problem, init):
         return solve_fn(problem, config, init, Budget(iterations=iterations)).lower
 
-    return decomposition_intervals(graph, layered(graph), box, solve)
+    return decomposition_intervals(graph, layered(graph), box, solve, given)

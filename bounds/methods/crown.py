@@ -177,12 +177,19 @@ def needs_crown(graph: Graph) -> list[str]:
     return [n for n in names if graph[n].op is not None and not is_first_affine(graph, graph[n])]
 
 
-def crown_intervals(graph: Graph, box: Interval) -> dict[str, Interval]:
-    """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations."""
+def crown_intervals(
+    graph: Graph, box: Interval, given: dict[str, Interval] | None = None
+) -> dict[str, Interval]:
+    """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
+    and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
+    bound domain, `lower = 0` for an active neuron, `upper = 0` for an inactive one)."""
     intervals: dict[str, Interval] = {graph.input.name: box}
     targets = set(needs_crown(graph))
+    given = given or {}
     for node in graph.nodes[1:]:
         iv = node.op.interval(*(intervals[i] for i in node.inputs))
+        if node.name in given:
+            iv = iv.intersect(given[node.name])
         if node.name in targets:
             index = unstable_indices(iv)
             if index.numel():
@@ -199,9 +206,11 @@ def interval_bound(C: Tensor, output: Interval) -> Tensor:
     return concretize(A, Interval(output.lower.flatten(1), output.upper.flatten(1)))
 
 
-def crown(graph: Graph, box: Interval, C: Tensor) -> tuple[Tensor, Tensor, dict[str, Interval]]:
+def crown(
+    graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None
+) -> tuple[Tensor, Tensor, dict[str, Interval]]:
     """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`."""
-    intervals = crown_intervals(graph, box)
+    intervals = crown_intervals(graph, box, given)
     A = output_functional(graph, C)
     result = backward_bound(graph, graph.output.name, A, box, default_lines(graph, intervals))
     result = torch.maximum(result, interval_bound(C, intervals[graph.output.name]))

@@ -9,8 +9,10 @@ from bounds.methods.crown import interval_bound, split_output
 from bounds.types import Interval
 
 
-def ibp(graph: Graph, box: Interval, C: Tensor) -> tuple[Tensor, Tensor, dict[str, Interval]]:
+def ibp(
+    graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None
+) -> tuple[Tensor, Tensor, dict[str, Interval]]:
     """Interval bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`."""
-    intervals = graph.interval(box)
+    intervals = graph.interval(box, given)
     lower, upper = split_output(interval_bound(C, intervals[graph.output.name]))
     return lower, upper, intervals
