@@ -114,16 +114,33 @@ def _initial_duals(graph, box, C, problem, intervals, config):
     return crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
 
 
+def _alpha_start(graph, box, C, net, c, config, given):
+    """With `intermediate='alpha-crown'`: one alpha-CROWN run gives the intervals, the floor
+    (its own bounds, so the result is at least as tight as alpha-CROWN's) and the start duals."""
+    base = crown_intervals(graph, box, given)
+    iterations = max(config.init_iterations, AlphaCrownConfig().iterations)
+    low, up, intervals, stats = alpha_crown(
+        graph, box, C, AlphaCrownConfig(iterations=iterations), intervals=base
+    )
+    problem = problem_from_intervals(net, box, intervals, c)
+    slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
+    return problem, intervals, crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
+
+
 def _decomposition(solve_fn):
-    """A Lagrangian-decomposition method: intermediate bounds, CROWN duals, then `solve_fn`.
-    The result is never below the CROWN bound (its duals start the solver) nor the interval
-    bound of the output."""
+    """A Lagrangian-decomposition method: intermediate bounds, start duals (CROWN's or
+    alpha-CROWN's), then `solve_fn`. The result is never below its start (nor the output's
+    interval bound); with `intermediate='alpha-crown'` never below alpha-CROWN's bound."""
 
     def run(graph, box, C, config, budget, given) -> MethodResult:
         net = layered(graph)
-        intervals = _intervals(graph, box, C, config, given)
-        problem = problem_from_intervals(net, box, intervals, output_functional(graph, C))
-        init, start = _initial_duals(graph, box, C, problem, intervals, config)
+        c = output_functional(graph, C)
+        if config.intermediate == "alpha-crown" and config.init == "alpha-crown":
+            problem, intervals, init, start = _alpha_start(graph, box, C, net, c, config, given)
+        else:
+            intervals = _intervals(graph, box, C, config, given)
+            problem = problem_from_intervals(net, box, intervals, c)
+            init, start = _initial_duals(graph, box, C, problem, intervals, config)
         result = solve_fn(problem, config, init, budget)
         best = torch.maximum(result.lower, start)
         best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))

@@ -175,3 +175,18 @@ def test_float32_problem_is_checked_in_float64(lp_cache):
     assert result.lower.dtype == torch.float32
     lp = _lp(lp_cache, "mlp", 3)
     assert (result.lower.double() <= lp + 1e-6).all()
+
+
+@pytest.mark.parametrize("method", ["prox", "supergradient"])
+@pytest.mark.parametrize("name", ["mlp", "conv", "deep_mlp"])
+def test_default_decomposition_is_at_least_as_tight_as_alpha_crown(name, method):
+    net, shape = make(name, seed=5)
+    x = torch.rand(2, *shape, generator=torch.Generator().manual_seed(5), dtype=D)
+    alpha = verify.bounds(net, 0.3, x=x, method="alpha-crown")
+    ld = verify.bounds(net, 0.3, x=x, method=method, iterations=30)
+    assert (ld.lower >= alpha.lower - 1e-12).all()
+    assert (ld.upper <= alpha.upper + 1e-12).all()
+    points = box_samples(x - 0.3, x + 0.3, 300)
+    n_out = ld.lower.shape[1]
+    C = torch.eye(n_out, dtype=D).expand(2, n_out, n_out)
+    assert_contains(ld.lower, ld.upper, spec_values(net, points, C))

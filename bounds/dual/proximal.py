@@ -43,7 +43,7 @@ class ProximalConfig:
     eta_end: float = 30.0
     momentum: float = 0.3
     check_every: int = 10
-    intermediate: str = "crown"
+    intermediate: str = "alpha-crown"
     intermediate_iterations: int = 50
     init: str = "alpha-crown"
     init_iterations: int = 20

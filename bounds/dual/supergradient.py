@@ -24,7 +24,7 @@ class SupergradientConfig:
     initial_step: float = 1e-2
     final_step: float = 1e-4
     check_every: int = 10
-    intermediate: str = "crown"
+    intermediate: str = "alpha-crown"
     intermediate_iterations: int = 50
     init: str = "alpha-crown"
     init_iterations: int = 20
