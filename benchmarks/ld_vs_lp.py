@@ -265,7 +265,7 @@ def part_proven(quick: bool):
             line += f"{row['seconds_per_instance']:>12.3f}"
             print(line, flush=True)
             table.append(line)
-    return header, rows
+    return table, rows
 
 
 def main() -> None:
