@@ -1,7 +1,10 @@
-"""Public API: sound bounds (`bounds`), model and specification loading, errors."""
+"""Public API: sound bounds (`bounds`), complete verification (`verify`), model and specification
+loading, errors."""
 
 from bounds.types import Bounds, Budget, Interval
 from verify.api import bounds, network_graph
+from verify.attack import find_counterexample
+from verify.bab import BabConfig
 from verify.errors import (
     InvalidNetworkError,
     InvalidRegionError,
@@ -11,9 +14,11 @@ from verify.errors import (
     VerificationInputError,
 )
 from verify.onnx_loader import load_onnx
+from verify.verifier import VerificationResult, verify
 from verify.vnnlib import load_vnnlib
 
 __all__ = [
+    "BabConfig",
     "Bounds",
     "Budget",
     "Interval",
@@ -23,8 +28,11 @@ __all__ = [
     "SpecificationError",
     "UnsupportedOperationError",
     "VerificationInputError",
+    "VerificationResult",
     "bounds",
+    "find_counterexample",
     "load_onnx",
     "load_vnnlib",
     "network_graph",
+    "verify",
 ]

@@ -1,0 +1,97 @@
+"""VNN-COMP 2022 benchmarks (ACAS Xu, mnist_fc) through `python -m verify run-all`.
+
+    python benchmarks/vnncomp.py --bench acasxu --timeout-scale 0.05
+
+Writes `benchmarks/results/vnncomp_<bench>.csv` (network,property,result,seconds),
+`vnncomp_<bench>.json` (settings, counts, rows, contradictions with the known answers) and
+`vnncomp_<bench>.png` (cactus plot). "sat" answers carry a counterexample validated in float64
+by construction; "unsat" answers on instances known to be violated are listed as contradictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.cactus import plot
+from benchmarks.common import DATA, RESULTS, write_json
+from verify.cli import run_all, summary
+
+# ACAS Xu instances violated in VNN-COMP 2022 that are known independently of our tool
+# (Katz et al. 2017: property 7 on N_1,9 and property 8 on N_2,9 are violated).
+KNOWN_SAT = {
+    "acasxu": {
+        ("onnx/ACASXU_run2a_1_9_batch_2000.onnx", "vnnlib/prop_7.vnnlib"),
+        ("onnx/ACASXU_run2a_2_9_batch_2000.onnx", "vnnlib/prop_8.vnnlib"),
+    }
+}
+
+
+def contradictions(bench: str, rows: list[dict]) -> list[dict]:
+    """Rows answered "unsat" on an instance known to be violated."""
+    known = KNOWN_SAT.get(bench, set())
+    return [r for r in rows if r["result"] == "unsat" and (r["network"], r["property"]) in known]
+
+
+def run(bench: str, scale: float, limit: int | None, method: str) -> dict:
+    folder = DATA / "vnncomp2022" / bench
+    args = argparse.Namespace(
+        instances=folder / "instances.csv",
+        root=folder,
+        out=RESULTS / f"vnncomp_{bench}.csv",
+        limit=limit,
+        timeout_scale=scale,
+        method=method,
+        device="cpu",
+    )
+    start = time.monotonic()
+    rows = run_all(args)
+    payload = {
+        "benchmark": bench,
+        "timeout_scale": scale,
+        "method": method,
+        "threads": torch.get_num_threads(),
+        "wall_seconds": round(time.monotonic() - start, 1),
+        "counts": dict(Counter(r["result"] for r in rows)),
+        "per_property": _per_property(rows),
+        "contradictions": contradictions(bench, rows),
+        "rows": rows,
+    }
+    write_json(f"vnncomp_{bench}.json", payload)
+    plot({f"{bench} x{scale}": rows}, RESULTS / f"vnncomp_{bench}.png", title=bench)
+    return payload
+
+
+def _per_property(rows: list[dict]) -> dict[str, dict[str, int]]:
+    table: dict[str, Counter] = {}
+    for r in rows:
+        table.setdefault(Path(r["property"]).name, Counter())[r["result"]] += 1
+    return {prop: dict(counts) for prop, counts in sorted(table.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", nargs="+", default=["acasxu"], choices=["acasxu", "mnist_fc"])
+    parser.add_argument("--timeout-scale", type=float, default=1.0)
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--method", default="crown")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"the shared data folder {DATA} is absent")
+    torch.set_num_threads(1)
+    for bench in args.bench:
+        payload = run(bench, args.timeout_scale, args.limit, args.method)
+        print(summary(payload["rows"]))
+        print("per property:", payload["per_property"])
+        print("contradictions with known answers:", payload["contradictions"] or "none")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Counterexample search: projected gradient descent with random restarts on an input box.
+
+A VNN-LIB region is violated by `x` in its box when `y = net(x)` lies in one of the unsafe
+polytopes `{y : A y <= b}`. The attack minimises the violation objective
+
+    v(x) = min over polytopes p of max over the rows i of p of (A_i y - b_i),
+
+which is `<= 0` exactly at the violating points (Madry et al. 2018, PGD with signed steps and
+restarts). A point is reported only after a float64 forward pass confirms it (`validate`).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from verify.specs import region_box, region_spec
+from verify.vnnlib import Region
+
+_DOUBLE_NETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class UnsafeSpec:
+    """All unsafe polytopes' rows stacked: `C [m, n_out]`, `b [m]`, `owner [m]` (polytope id of
+    each row, long) and the number of polytopes (a polytope without rows is the whole space)."""
+
+    C: Tensor
+    b: Tensor
+    owner: Tensor
+    n_polytopes: int
+
+    @staticmethod
+    def of(region: Region, dtype=torch.float32, device=None) -> UnsafeSpec:
+        C, b, owner = region_spec(region, dtype)
+        return UnsafeSpec(
+            C[0].to(device),
+            b.to(device),
+            torch.tensor(owner, dtype=torch.long, device=device),
+            len(region.unsafe),
+        )
+
+
+def min_max(values: Tensor, owner: Tensor, n_polytopes: int) -> Tensor:
+    """`values [B, m]` -> `[B]`: min over polytopes of the max over each polytope's rows (a
+    polytope without rows gives -inf)."""
+    init = values.new_full((values.shape[0], n_polytopes), -torch.inf)
+    index = owner.unsqueeze(0).expand_as(values)
+    per_poly = init.scatter_reduce(1, index, values, reduce="amax", include_self=True)
+    return per_poly.min(dim=1).values
+
+
+def violation(y: Tensor, spec: UnsafeSpec) -> Tensor:
+    """`y [B, n_out]` -> `[B]` the objective `v`; `<= 0` iff `y` lies in an unsafe polytope."""
+    values = y.flatten(1) @ spec.C.to(y.dtype).T - spec.b.to(y.dtype)
+    return min_max(values, spec.owner, spec.n_polytopes)
+
+
+def double_net(net: nn.Module) -> nn.Module:
+    """A float64 deep copy of `net` (cached per module, refreshed if its weights change)."""
+    key = tuple((t.data_ptr(), t._version) for t in [*net.parameters(), *net.buffers()])
+    cached = _DOUBLE_NETS.get(net)
+    if cached is None or cached[0] != key:
+        twin = copy.deepcopy(net).to("cpu", torch.float64).eval()
+        cached = (key, twin)
+        _DOUBLE_NETS[net] = cached
+    return cached[1]
+
+
+def validate(net: nn.Module, region: Region, x: Tensor) -> tuple[Tensor, Tensor] | None:
+    """`(x, y)` in float64 (flattened `[n_in]`, `[n_out]`) if `x` (clipped to the box in float64)
+    lies in the region's box and `net(x)` in float64 satisfies every row of some unsafe polytope;
+    else None."""
+    lower = torch.tensor(np.asarray(region.lower), dtype=torch.float64)
+    upper = torch.tensor(np.asarray(region.upper), dtype=torch.float64)
+    point = x.detach().to("cpu", torch.float64).reshape(-1)
+    point = torch.minimum(torch.maximum(point, lower), upper)
+    if not (bool((point >= lower).all()) and bool((point <= upper).all())):
+        return None
+    shape = getattr(net, "input_shape", None) or (point.numel(),)
+    with torch.no_grad():
+        y = double_net(net)(point.reshape(1, *shape)).reshape(-1)
+    y_np = y.numpy()
+    if any(poly.contains(y_np) for poly in region.unsafe if poly.A_x is None):
+        return point, y
+    return None
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """restarts: random starts besides the centre and the given points; steps: PGD iterations;
+    step_fraction: first step as a fraction of the box width (halved on a cosine schedule);
+    max_corner_dims: the box's corners are starts too when it has at most this many inputs;
+    samples: uniform points evaluated once, the best `restarts` of them start PGD."""
+
+    restarts: int = 32
+    samples: int = 4096
+    steps: int = 50
+    step_fraction: float = 0.1
+    max_corner_dims: int = 8
+
+    def __post_init__(self) -> None:
+        if min(self.restarts, self.steps, self.samples) < 0 or not self.step_fraction > 0:
+            raise ValueError("restarts and steps must be >= 0 and step_fraction > 0")
+
+
+def per_polytope(y: Tensor, spec: UnsafeSpec) -> Tensor:
+    """`y [B, n_out]` -> `[B, P]`: per polytope the max over its rows of `A_i y - b_i`."""
+    values = y.flatten(1) @ spec.C.to(y.dtype).T - spec.b.to(y.dtype)
+    init = values.new_full((values.shape[0], spec.n_polytopes), -torch.inf)
+    index = spec.owner.unsqueeze(0).expand_as(values)
+    return init.scatter_reduce(1, index, values, reduce="amax", include_self=True)
+
+
+def pgd(
+    net: nn.Module,
+    lower: Tensor,
+    upper: Tensor,
+    spec: UnsafeSpec,
+    starts: Tensor,
+    steps: int,
+    step_fraction: float = 0.1,
+) -> tuple[Tensor, Tensor]:
+    """Signed-gradient descent from `starts [N, *shape]` inside the boxes `lower`/`upper`
+    (`[N, *shape]` or `[1, *shape]`), one run per start and unsafe polytope, each descending
+    its polytope's max-row objective. Returns per start the best point over its runs and its
+    value `v` `[N]` (`+inf` when there is no unsafe polytope)."""
+    n, n_poly = starts.shape[0], spec.n_polytopes
+    if n_poly == 0:
+        return starts.clone(), starts.new_full((n,), torch.inf)
+    ones = [1] * (starts.dim() - 1)
+    x = starts.detach().repeat(n_poly, *ones)
+    lower, upper = (t.repeat(n_poly if len(t) == n else 1, *ones) for t in (lower, upper))
+    target = torch.arange(n_poly, device=x.device).repeat_interleave(n)[:, None]
+    best_x, best_v = x.clone(), x.new_full((len(x),), torch.inf)
+    for k in range(steps + 1):
+        x.requires_grad_(True)
+        with torch.enable_grad():
+            values = per_polytope(net(x), spec)
+            (grad,) = torch.autograd.grad(values.gather(1, target).sum(), x)
+        value = values.detach().min(dim=1).values
+        better = value < best_v
+        best_v = torch.where(better, value, best_v)
+        best_x[better] = x.detach()[better]
+        if k == steps or bool((best_v <= 0).any()):
+            break
+        scale = step_fraction * 0.5 * (1 + np.cos(np.pi * k / max(steps, 1)))
+        x = x.detach() - (scale + 1e-3) * (upper - lower) * grad.sign()
+        x = torch.minimum(torch.maximum(x, lower), upper)
+    best_v, which = best_v.reshape(n_poly, n).min(dim=0)
+    best_x = best_x.reshape(n_poly, n, *x.shape[1:])[which, torch.arange(n, device=x.device)]
+    return best_x, best_v
+
+
+def corners(lower: Tensor, upper: Tensor) -> Tensor:
+    """The `2^n` corners of the box `[1, *shape]` (n = its number of elements) -> `[2^n, *shape]`."""
+    n = lower.numel()
+    bits = (
+        torch.arange(2**n, device=lower.device)[:, None] >> torch.arange(n, device=lower.device)
+    ) & 1
+    mask = bits.bool().reshape(-1, *lower.shape[1:])
+    return torch.where(mask, upper, lower)
+
+
+def best_samples(
+    net: nn.Module,
+    lower: Tensor,
+    upper: Tensor,
+    spec: UnsafeSpec,
+    config: AttackConfig,
+    generator: torch.Generator,
+) -> Tensor:
+    """The `config.restarts` best of `config.samples` uniform points of the box (by `v`)."""
+    points = random_points(lower, upper, max(config.samples, config.restarts), generator)
+    with torch.no_grad():
+        values = violation(net(points), spec)
+    return points[values.argsort()[: config.restarts]]
+
+
+def random_points(lower: Tensor, upper: Tensor, n: int, generator: torch.Generator) -> Tensor:
+    """`n` uniform points in the box `[1, *shape]` -> `[n, *shape]`."""
+    noise = torch.rand((n, *lower.shape[1:]), generator=generator, dtype=lower.dtype)
+    return lower + noise.to(lower.device) * (upper - lower)
+
+
+def find_counterexample(
+    net: nn.Module,
+    region: Region,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    extra_points: Tensor | None = None,
+    config: AttackConfig | None = None,
+    seed: int = 0,
+) -> Tensor | None:
+    """A validated counterexample `x [n_in]` (float64, inside the box) of the region, or None;
+    `validate(net, region, x)` gives `(x, y)`.
+
+    PGD from the box centre, `extra_points [k, *input_shape]` and `config.restarts` uniform
+    random points; the best point is confirmed by `validate`.
+    """
+    config = config or AttackConfig()
+    if not region.unsafe:
+        return None
+    shape = tuple(input_shape or getattr(net, "input_shape", None) or (len(region.lower),))
+    param = next(net.parameters())
+    lower, upper = (t.to(param.device) for t in region_box(region, shape, param.dtype))
+    spec = UnsafeSpec.of(region, param.dtype, param.device)
+    generator = torch.Generator().manual_seed(seed)
+    starts = [(lower + upper) / 2, best_samples(net, lower, upper, spec, config, generator)]
+    if lower.numel() <= config.max_corner_dims:
+        starts.append(corners(lower, upper))
+    if extra_points is not None:
+        extra = extra_points.to(param.device, param.dtype).reshape(-1, *shape)
+        starts.append(torch.minimum(torch.maximum(extra, lower), upper))
+    points, values = pgd(
+        net, lower, upper, spec, torch.cat(starts), config.steps, config.step_fraction
+    )
+    for i in values.argsort()[:4].tolist():
+        found = validate(net, region, points[i : i + 1])
+        if found is not None:
+            return found[0]
+    return None
