@@ -150,8 +150,10 @@ def _optimise(graph, box, C, intervals, config, integer, sides=2) -> tuple[Tenso
     return torch.as_tensor(values, dtype=C.dtype, device=C.device), stats
 
 
-def _loosen(values: Tensor) -> Tensor:
-    return values - SAFETY * (1 + values.abs())
+def _as_bounds(values: Tensor, stats: dict, specs: int) -> tuple[Tensor, Tensor, dict]:
+    """`(lower, upper, stats)` from the optima `[B, 2S]`, loosened by SAFETY (relative)."""
+    safe = values - SAFETY * (1 + values.abs())
+    return safe[:, :specs], -safe[:, specs:], {**stats, "raw": values}
 
 
 def planet_lp(
@@ -167,9 +169,7 @@ def planet_lp(
     `stats['raw']` holds the unloosened optima `[B, 2S]`."""
     sides = 2 if upper else 1
     values, stats = _optimise(graph, box, C, intervals, config or LpConfig(), False, sides)
-    safe = _loosen(values)
-    specs = C.shape[1]
-    return safe[:, :specs], -safe[:, specs:], {**stats, "raw": values}
+    return _as_bounds(values, stats, C.shape[1])
 
 
 def milp(
@@ -185,6 +185,4 @@ def milp(
     """
     config = config or LpConfig()
     values, stats = _optimise(graph, box, C, intervals, config, integer=True)
-    safe = _loosen(values)
-    specs = C.shape[1]
-    return safe[:, :specs], -safe[:, specs:], {**stats, "raw": values}
+    return _as_bounds(values, stats, C.shape[1])

@@ -16,6 +16,26 @@ from bounds.types import Budget
 
 
 @dataclass(frozen=True)
+class DecompositionOptions:
+    """Options shared by the decomposition solvers: check_every: iterations between time
+    checks; intermediate: how pre-activation bounds are computed (ibp, crown, alpha-crown, prox,
+    supergradient; the last two with `intermediate_iterations` per layer); init: start from the
+    duals of `crown` or of `alpha-crown` (its final-layer slopes after `init_iterations` steps)."""
+
+    check_every: int = 10
+    intermediate: str = "alpha-crown"
+    intermediate_iterations: int = 50
+    init: str = "alpha-crown"
+    init_iterations: int = 20
+
+    def __post_init__(self) -> None:
+        if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
+            raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
+        if self.check_every < 1 or self.intermediate_iterations < 0:
+            raise ValueError("check_every must be >= 1 and intermediate_iterations >= 0")
+
+
+@dataclass(frozen=True)
 class DualResult:
     """lower: `[B, S]` valid bounds (float64-checked); duals: the duals achieving them."""
 

@@ -22,37 +22,28 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.dual.anytime import Best, Clock, DualResult, finalize
+from bounds.dual.anytime import Best, Clock, DecompositionOptions, DualResult, finalize
 from bounds.dual.decomposition import Problem, evaluate, solve_block
 from bounds.dual.duals import Duals
 from bounds.types import Budget
 
 
 @dataclass(frozen=True)
-class ProximalConfig:
+class ProximalConfig(DecompositionOptions):
     """iterations: Frank-Wolfe sweeps over all blocks (a budget overrides); inner: sweeps
-    between anchor moves; eta_start/eta_end: the proximal weight, grown linearly; momentum: on
-    the anchor moves; check_every: sweeps between time checks; intermediate: how pre-activation
-    bounds are computed (ibp, crown, alpha-crown, prox, supergradient), the last two with
-    `intermediate_iterations` per layer; init: start from the duals of `crown` or of
-    `alpha-crown` (its final-layer slopes after `init_iterations` steps)."""
+    between anchor moves; eta_start/eta_end: the (relative) proximal weight, grown linearly;
+    momentum: on the anchor moves; shared options: see `DecompositionOptions`."""
 
     iterations: int = 100
     inner: int = 2
     eta_start: float = 3.0
     eta_end: float = 30.0
     momentum: float = 0.3
-    check_every: int = 10
-    intermediate: str = "alpha-crown"
-    intermediate_iterations: int = 50
-    init: str = "alpha-crown"
-    init_iterations: int = 20
 
     def __post_init__(self) -> None:
-        if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
-            raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
-        if self.iterations < 0 or self.inner < 1 or self.check_every < 1:
-            raise ValueError("iterations >= 0, inner >= 1 and check_every >= 1 are required")
+        super().__post_init__()
+        if self.iterations < 0 or self.inner < 1:
+            raise ValueError("iterations >= 0 and inner >= 1 are required")
         if not (self.eta_start > 0 and self.eta_end > 0) or not 0 <= self.momentum < 1:
             raise ValueError("eta must be > 0 and momentum in [0, 1)")
 

@@ -8,32 +8,25 @@ from dataclasses import dataclass
 
 import torch
 
-from bounds.dual.anytime import Best, Clock, DualResult, finalize
+from bounds.dual.anytime import Best, Clock, DecompositionOptions, DualResult, finalize
 from bounds.dual.decomposition import Problem, evaluate, supergradient
 from bounds.dual.duals import Duals
 from bounds.types import Budget
 
 
 @dataclass(frozen=True)
-class SupergradientConfig:
-    """iterations: ascent steps (a budget overrides); steps: Adam's step, linearly decayed;
-    check_every: iterations between time checks; intermediate: how pre-activation bounds are
-    computed (ibp, crown, alpha-crown, prox)."""
+class SupergradientConfig(DecompositionOptions):
+    """iterations: ascent steps (a budget overrides); steps: Adam's step, linearly decayed from
+    `initial_step` to `final_step`; shared options: see `DecompositionOptions`."""
 
     iterations: int = 100
     initial_step: float = 1e-2
     final_step: float = 1e-4
-    check_every: int = 10
-    intermediate: str = "alpha-crown"
-    intermediate_iterations: int = 50
-    init: str = "alpha-crown"
-    init_iterations: int = 20
 
     def __post_init__(self) -> None:
-        if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
-            raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
-        if self.iterations < 0 or self.check_every < 1:
-            raise ValueError("iterations must be >= 0 and check_every >= 1")
+        super().__post_init__()
+        if self.iterations < 0:
+            raise ValueError("iterations must be >= 0")
         if not (self.initial_step > 0 and self.final_step > 0):
             raise ValueError("steps must be > 0")
 
