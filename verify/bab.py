@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bounds.types import Budget
 from verify.api import bounds
 from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd, validate, violation
 from verify.vnnlib import Region
@@ -173,11 +174,13 @@ class RegionBab:
         scale = float(self.spec.b.abs().max()) if self.spec.b.numel() else 0.0
         self.value_tol = 1e-4 * (1 + scale)  # float32 values this close to 0 are re-checked
         self.sizer = BatchSizer(config)
+        self.deadline = float("inf")  # monotonic clock; set by run()
         self.generator = torch.Generator().manual_seed(seed)
         self.stats: dict[str, Any] = {"domains": 0, "batches": 0, "max_open": 0, "max_depth": 0}
         self.stats |= {"attacks": 0, "strong_domains": 0}
 
     def run(self, deadline: float) -> RegionOutcome:
+        self.deadline = deadline
         if not self.region.unsafe:  # no unsafe set: nothing to exclude
             return RegionOutcome("unsat", None, self.stats)
         root = self._bound(*self.root, torch.zeros(1, dtype=torch.long, device=self.device))
@@ -240,7 +243,10 @@ class RegionBab:
 
     def _call_bounds(self, lower: Tensor, upper: Tensor, strong: bool) -> Tensor:
         method = self.config.strong_method if strong else self.config.method
-        options = self.config.strong_options if strong else {}
+        options = dict(self.config.strong_options) if strong else {}
+        if strong:  # iterative: give it a share of the time left, checked every iteration
+            left = self.deadline - time.monotonic()
+            options |= {"budget": Budget(seconds=max(1e-3, 0.3 * left)), "check_every": 1}
         result = bounds(
             self.net,
             lower=lower.reshape(-1, *self.shape),
