@@ -75,6 +75,10 @@ class BabConfig:
             raise ValueError("strong_depth, attack_every and prune_tol must be >= 0")
 
 
+class DeadlineReachedError(Exception):
+    """Raised between bound computations once the deadline has passed."""
+
+
 @dataclass
 class RegionOutcome:
     """status: "unsat" (every domain pruned), "sat" (validated counterexample `(x, y)`),
@@ -181,6 +185,13 @@ class RegionBab:
 
     def run(self, deadline: float) -> RegionOutcome:
         self.deadline = deadline
+        try:
+            return self._search()
+        except DeadlineReachedError:
+            return RegionOutcome("timeout", None, self.stats)
+
+    def _search(self) -> RegionOutcome:
+        deadline = self.deadline
         if not self.region.unsafe:  # no unsafe set: nothing to exclude
             return RegionOutcome("unsat", None, self.stats)
         root = self._bound(*self.root, torch.zeros(1, dtype=torch.long, device=self.device))
@@ -229,6 +240,8 @@ class RegionBab:
         """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM)."""
         out, start = [], 0
         while start < lower.shape[0]:
+            if time.monotonic() >= self.deadline:  # between chunks: a big step cannot overrun
+                raise DeadlineReachedError
             size = self.sizer.size
             chunk = slice(start, start + size)
             try:
