@@ -138,6 +138,10 @@ class BatchSizer:
         up = min(best * 2, self.high)
         self.size = up if up not in self.cost else best
 
+    def seed(self, seconds_per_domain: float) -> None:
+        """A pessimistic first cost (one unbatched domain) so the first steps fit the deadline."""
+        self.cost.setdefault(self.size, seconds_per_domain)
+
     def shrink(self) -> None:
         self.size = self.high = max(1, self.size // 2)
         self.low = min(self.low, self.size)
@@ -194,7 +198,9 @@ class RegionBab:
         deadline = self.deadline
         if not self.region.unsafe:  # no unsafe set: nothing to exclude
             return RegionOutcome("unsat", None, self.stats)
+        tick = time.perf_counter()
         root = self._bound(*self.root, torch.zeros(1, dtype=torch.long, device=self.device))
+        self.sizer.seed(time.perf_counter() - tick)
         found = self._try_points(root)
         if found is not None:
             return RegionOutcome("sat", found, self.stats)
@@ -240,9 +246,10 @@ class RegionBab:
         """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM)."""
         out, start = [], 0
         while start < lower.shape[0]:
-            if time.monotonic() >= self.deadline:  # between chunks: a big step cannot overrun
+            left = self.deadline - time.monotonic()
+            if left <= 0:  # between chunks: a big step cannot overrun
                 raise DeadlineReachedError
-            size = self.sizer.size
+            size = min(self.sizer.size, self.sizer.allowed(left))
             chunk = slice(start, start + size)
             try:
                 out.append(self._call_bounds(lower[chunk], upper[chunk], strong))
