@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor, fx, nn
@@ -50,7 +51,7 @@ class Graph:
     def __getitem__(self, name: str) -> Node:
         return self._index[name]
 
-    @property
+    @cached_property
     def _index(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 
