@@ -101,27 +101,25 @@ def _milp(graph, box, C, config, budget, given) -> MethodResult:
     return lower, upper, intervals, {"solves": stats["solves"]}
 
 
-def _initial_duals(graph, box, C, problem, intervals, config):
-    """Duals to start from and a valid bound `[B, 2S]` they must not fall below: CROWN's, or
-    alpha-CROWN's (final-layer slopes optimised for `config.init_iterations` with the same
-    intermediate bounds, turned into duals: Bunel et al. 2020, Sec. 4.3)."""
+def _start(graph, box, C, net, c, config, given):
+    """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method.
+
+    init='crown': the chosen intermediate bounds and CROWN's duals (no floor). init='alpha-crown':
+    alpha-CROWN's final-layer slopes turned into duals (Bunel et al. 2020, Sec. 4.3) and its bounds
+    as the floor; with intermediate='alpha-crown' that one run also optimises the intervals, so
+    the result is at least as tight as the `alpha-crown` method's."""
     if config.init == "crown" or config.init_iterations == 0:
-        init = crown_duals(problem)
-        return init, problem.c.new_full(problem.c.shape[:2], -torch.inf)
-    alpha_config = AlphaCrownConfig(iterations=config.init_iterations, optimize_intermediate=False)
-    low, up, _, stats = alpha_crown(graph, box, C, alpha_config, intervals=intervals)
-    slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
-    return crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
-
-
-def _alpha_start(graph, box, C, net, c, config, given):
-    """With `intermediate='alpha-crown'`: one alpha-CROWN run gives the intervals, the floor
-    (its own bounds, so the result is at least as tight as alpha-CROWN's) and the start duals."""
-    base = crown_intervals(graph, box, given)
-    iterations = max(config.init_iterations, AlphaCrownConfig().iterations)
-    low, up, intervals, stats = alpha_crown(
-        graph, box, C, AlphaCrownConfig(iterations=iterations), intervals=base
-    )
+        intervals = _intervals(graph, box, C, config, given)
+        problem = problem_from_intervals(net, box, intervals, c)
+        return problem, intervals, crown_duals(problem), c.new_full(c.shape[:2], -torch.inf)
+    optimise = config.intermediate == "alpha-crown"
+    if optimise:
+        base = crown_intervals(graph, box, given)
+        iterations = max(config.init_iterations, AlphaCrownConfig().iterations)
+    else:
+        base, iterations = _intervals(graph, box, C, config, given), config.init_iterations
+    alpha_config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=optimise)
+    low, up, intervals, stats = alpha_crown(graph, box, C, alpha_config, intervals=base)
     problem = problem_from_intervals(net, box, intervals, c)
     slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
     return problem, intervals, crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
@@ -133,14 +131,8 @@ def _decomposition(solve_fn):
     interval bound); with `intermediate='alpha-crown'` never below alpha-CROWN's bound."""
 
     def run(graph, box, C, config, budget, given) -> MethodResult:
-        net = layered(graph)
         c = output_functional(graph, C)
-        if config.intermediate == "alpha-crown" and config.init == "alpha-crown":
-            problem, intervals, init, start = _alpha_start(graph, box, C, net, c, config, given)
-        else:
-            intervals = _intervals(graph, box, C, config, given)
-            problem = problem_from_intervals(net, box, intervals, c)
-            init, start = _initial_duals(graph, box, C, problem, intervals, config)
+        problem, intervals, init, start = _start(graph, box, C, layered(graph), c, config, given)
         result = solve_fn(problem, config, init, budget)
         best = torch.maximum(result.lower, start)
         best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
