@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from bounds.compile import CompileMode, check_mode
 from bounds.errors import InvalidNetworkError, InvalidRegionError, ShapeMismatchError
 from bounds.graph import Graph, build_graph
 from bounds.registry import get_method
@@ -58,14 +59,19 @@ def _budget(budget: Budget | int | float | None) -> Budget | None:
     return Budget(seconds=float(budget))
 
 
-def _config(method, config: Any, options: dict[str, Any]):
+def _config(method, config: Any, options: dict[str, Any], compile_mode: CompileMode):
+    check_mode(compile_mode)
+    known = {f.name for f in fields(method.config_type)}
     if config is not None and options:
         raise TypeError("give either config= or keyword options, not both")
     if config is not None:
         if not isinstance(config, method.config_type):
             raise TypeError(f"{method.name} takes a {method.config_type.__name__} config")
+        if "compile" in known and compile_mode != "auto":
+            config = replace(config, compile=compile_mode)
         return config
-    known = {f.name for f in fields(method.config_type)}
+    if "compile" in known and "compile" not in options:
+        options = {**options, "compile": compile_mode}
     unknown = set(options) - known
     if unknown:
         raise TypeError(
@@ -107,6 +113,7 @@ def bounds(
     budget: Budget | int | float | None = None,
     node_bounds: dict[str, Any] | None = None,
     config: Any = None,
+    compile: CompileMode = "auto",
     **options: Any,
 ) -> Bounds:
     """Sound lower/upper bounds on `C @ net(x')` for every `x'` in the input region.
@@ -120,13 +127,15 @@ def bounds(
     `node_bounds`: extra bounds valid on the region, `{node name: Interval or (lower, upper)}`
     with `[batch, *shape]` tensors (e.g. ReLU splits of branch-and-bound domains: `lower = 0`
     for active neurons, `upper = 0` for inactive ones); every method intersects them in.
+    `compile`: torch.compile the iterative methods' steps (True / False / "auto": on CUDA; see
+    `bounds.compile`); ignored by the one-pass methods (ibp, crown, lp, milp).
 
     Returns `Bounds(lower [B, S], upper [B, S], intermediate, stats)`; `intermediate` maps each
     pre-activation node's name to its `Interval`.
     """
     start = time.perf_counter()
     chosen = get_method(method)
-    cfg = _config(chosen, config, options)
+    cfg = _config(chosen, config, options, compile)
     shape_hint = input_shape or getattr(net, "input_shape", None)
     dtype = _dtype(net)
     ref = x if x is not None else lower

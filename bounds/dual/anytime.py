@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from bounds.compile import CompileMode, check_mode
 from bounds.dual.decomposition import Problem, evaluate
 from bounds.dual.duals import Duals
 from bounds.types import Budget
@@ -20,15 +21,19 @@ class DecompositionOptions:
     """Options shared by the decomposition solvers: check_every: iterations between time
     checks; intermediate: how pre-activation bounds are computed (ibp, crown, alpha-crown, prox,
     supergradient; the last two with `intermediate_iterations` per layer); init: start from the
-    duals of `crown` or of `alpha-crown` (its final-layer slopes after `init_iterations` steps)."""
+    duals of `crown` or of `alpha-crown` (its final-layer slopes after `init_iterations` steps);
+    compile: torch.compile the solver step (True / False / "auto": on CUDA only; see
+    `bounds.compile`)."""
 
     check_every: int = 10
     intermediate: str = "alpha-crown"
     intermediate_iterations: int = 50
     init: str = "alpha-crown"
     init_iterations: int = 20
+    compile: CompileMode = "auto"
 
     def __post_init__(self) -> None:
+        check_mode(self.compile)
         if self.init not in ("crown", "alpha-crown") or self.init_iterations < 0:
             raise ValueError(f"init must be 'crown' or 'alpha-crown', got {self.init!r}")
         if self.check_every < 1 or self.intermediate_iterations < 0:
@@ -78,6 +83,10 @@ class Clock:
         """Record the trajectory every `check_every` iterations; True when the time is up."""
         if (it + 1) % self.check_every:
             return False
+        return self.record(best)
+
+    def record(self, best: Best) -> bool:
+        """Record `(elapsed, best value)` now; True when the time is up."""
         elapsed = time.perf_counter() - self.start
         self.trajectory.append((elapsed, best.value.clone()))
         return self.seconds is not None and elapsed >= self.seconds
@@ -88,6 +97,11 @@ class Clock:
             "trajectory": [(t, v.detach().cpu()) for t, v in self.trajectory],
             "solver_seconds": time.perf_counter() - self.start,
         }
+
+
+def problem_tensors(p: Problem) -> tuple[Tensor, ...]:
+    """The problem's tensors whose dimension 0 is the batch (to mark dynamic when compiling)."""
+    return (p.box.lower, p.box.upper, *p.lower, *p.upper, p.c)
 
 
 def finalize(problem: Problem, best: Best, clock: Clock, iterations: int) -> DualResult:

@@ -6,8 +6,13 @@ its primal QP
 
 over the subproblems' sets. The conditional gradient of block j is the oracle's minimiser under
 `rho = anchor + (xhB - xhA) / eta`; the exact line search is closed form and clipped to [0, 1].
-The anchor moves every `inner` sweeps (to the current `rho`, with momentum); `eta` grows
-linearly over the run. Only `q` at an anchor's `rho` is ever reported (evaluated by the oracle).
+The anchor moves every `inner` sweeps (to the current `rho`, with momentum); `eta` is fixed
+while the anchor is (the proximal problem does not change under the Frank-Wolfe steps) and
+grows linearly from one anchor to the next. Only `q` at an anchor's `rho` is ever reported
+(evaluated by the oracle).
+
+One outer iteration (`inner` sweeps, then the anchor move) is the pure function `prox_step`,
+which `torch.compile(fullgraph=True)` fuses (`compile=` option).
 
 Scale: with `rho = anchor + (xhB - xhA) / eta` the proximal term is `(1 / (2 eta)) ||.||^2` in
 the primal and `(eta / 2) ||rho - anchor||^2` in the dual, so a larger eta takes shorter steps.
@@ -18,12 +23,21 @@ makes the defaults independent of the network's and the objective's scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bounds.dual.anytime import Best, Clock, DecompositionOptions, DualResult, finalize
-from bounds.dual.decomposition import Problem, evaluate, solve_block
+from bounds.compile import mark_batch_dynamic, should_compile, step_function
+from bounds.dual.anytime import (
+    Best,
+    Clock,
+    DecompositionOptions,
+    DualResult,
+    finalize,
+    problem_tensors,
+)
+from bounds.dual.decomposition import BlockSolution, Problem, evaluate, solve_block
 from bounds.dual.duals import Duals
 from bounds.types import Budget
 
@@ -64,50 +78,104 @@ def _expand(gamma: Tensor, like: Tensor) -> Tensor:
     return gamma.reshape(*gamma.shape, *([1] * (like.dim() - 2)))
 
 
-@dataclass
-class _Primal:
-    """Current QP point: `xhB[i]` (hidden layer i+1) and `xhA[j]` (block j's output)."""
+class ProxState(NamedTuple):
+    """The solver's state, all tensors: the QP point `xhB[i]` (hidden layer i+1) and `xhA[j]`
+    (block j's output), the anchor and the previous anchor's `rho` (for momentum), and the best
+    `q` per problem `[B, S]` with the duals achieving it."""
 
-    xhB: list[Tensor]
-    xhA: list[Tensor]
-
-    def rho(self, anchor: Duals, eta: list[Tensor], i: int) -> Tensor:
-        return anchor.rho[i] + (self.xhB[i] - self.xhA[i]) / _expand(eta[i], self.xhB[i])
-
-    def duals(self, anchor: Duals, eta: list[Tensor]) -> Duals:
-        return Duals(tuple(self.rho(anchor, eta, i) for i in range(len(self.xhB))))
+    xhB: tuple[Tensor, ...]
+    xhA: tuple[Tensor, ...]
+    anchor: tuple[Tensor, ...]
+    previous: tuple[Tensor, ...]
+    best_value: Tensor
+    best_rho: tuple[Tensor, ...]
 
 
-def _block_step(p: Problem, x: _Primal, anchor: Duals, eta: list[Tensor], j: int) -> None:
-    """One Frank-Wolfe step on block j: conditional gradient, exact step, convex combination."""
+def _rho(state: ProxState, eta: tuple[Tensor, ...], i: int) -> Tensor:
+    """`rho_i = anchor_i + (xhB_i - xhA_i) / eta_i` (the dual point of the current primal)."""
+    return state.anchor[i] + (state.xhB[i] - state.xhA[i]) / _expand(eta[i], state.xhB[i])
+
+
+def _block_step(
+    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int
+) -> tuple[Tensor | None, Tensor]:
+    """One Frank-Wolfe step on block j: conditional gradient, exact step, convex combination.
+    Returns block j's new `(xhB_j, xhA_j)` (`xhB` None for block 0)."""
     last = j == p.n_blocks - 1
-    rho: list[Tensor | None] = [None] * len(x.xhB)
+    rho: list[Tensor | None] = [None] * len(state.xhB)
     if j >= 1:
-        rho[j - 1] = x.rho(anchor, eta, j - 1)
+        rho[j - 1] = _rho(state, eta, j - 1)
     if not last:
-        rho[j] = x.rho(anchor, eta, j)
+        rho[j] = _rho(state, eta, j)
     cg = solve_block(p, rho, j)
-    d_a = cg.xhA - x.xhA[j]
+    d_a = cg.xhA - state.xhA[j]
     num = _sum(p.c * -d_a) if last else _sum(rho[j] * d_a)
     den = torch.zeros_like(num) if last else _sum(d_a * d_a) / eta[j]
-    if j >= 1:
-        d_b = cg.xhB - x.xhB[j - 1]
-        num = num - _sum(rho[j - 1] * d_b)
-        den = den + _sum(d_b * d_b) / eta[j - 1]
+    if j == 0:
+        return None, state.xhA[j] + _expand(_gamma(num, den), d_a) * d_a
+    d_b = cg.xhB - state.xhB[j - 1]
+    num = num - _sum(rho[j - 1] * d_b)
+    den = den + _sum(d_b * d_b) / eta[j - 1]
     gamma = _gamma(num, den)
-    x.xhA[j] = x.xhA[j] + _expand(gamma, d_a) * d_a
-    if j >= 1:
-        x.xhB[j - 1] = x.xhB[j - 1] + _expand(gamma, d_b) * d_b
+    return state.xhB[j - 1] + _expand(gamma, d_b) * d_b, state.xhA[j] + _expand(gamma, d_a) * d_a
 
 
-def _eta(config: ProximalConfig, scale: list[Tensor], sweep: int, total: int) -> list[Tensor]:
-    """`eta_i = eta(t) * scale_i`, `eta(t)` linear from `eta_start` to `eta_end`."""
-    frac = sweep / max(1, total - 1)
-    factor = config.eta_start + frac * (config.eta_end - config.eta_start)
-    return [factor * s for s in scale]
+def _etas(factor: Tensor, scale: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """`eta_i = factor * scale_i` `[B, S]` per layer."""
+    return tuple(factor * s for s in scale)
 
 
-def _eta_scale(duals: Duals, solutions) -> list[Tensor]:
+def sweep_step(
+    p: Problem, state: ProxState, factor: Tensor, scale: tuple[Tensor, ...]
+) -> ProxState:
+    """One sweep: Frank-Wolfe steps on blocks 0..n-1 in turn (each sees its predecessors'
+    updates), for the fixed anchor and `eta = factor * scale`."""
+    eta = _etas(factor, scale)
+    for j in range(p.n_blocks):
+        xhB_j, xhA_j = _block_step(p, state, eta, j)
+        xhA = (*state.xhA[:j], xhA_j, *state.xhA[j + 1 :])
+        xhB = state.xhB if xhB_j is None else (*state.xhB[: j - 1], xhB_j, *state.xhB[j:])
+        state = state._replace(xhA=xhA, xhB=xhB)
+    return state
+
+
+def anchor_step(
+    p: Problem, state: ProxState, factor: Tensor, scale: tuple[Tensor, ...], momentum: float
+) -> ProxState:
+    """`q` at the current `rho`, the best-so-far update, and the anchor's move
+    `anchor = rho + momentum * (rho - previous rho)`."""
+    eta = _etas(factor, scale)
+    rho = Duals(tuple(_rho(state, eta, i) for i in range(len(state.xhB))))
+    value, _ = evaluate(p, rho)
+    improved = value > state.best_value
+    best = rho.where(improved, Duals(state.best_rho))
+    anchor = rho + (rho - Duals(state.previous)).scale(momentum)
+    return state._replace(
+        anchor=anchor.rho,
+        previous=rho.rho,
+        best_value=torch.where(improved, value, state.best_value),
+        best_rho=best.rho,
+    )
+
+
+def prox_step(
+    p: Problem, state: ProxState, factor: Tensor, scale: tuple[Tensor, ...], inner: int,
+    momentum: float, sweep=sweep_step, anchor=anchor_step,
+) -> ProxState:  # fmt: skip
+    """One outer iteration: `inner` sweeps with `eta = factor * scale` fixed, then the anchor's
+    move (`sweep` and `anchor` may be their compiled versions)."""
+    for _ in range(inner):
+        state = sweep(p, state, factor, scale)
+    return anchor(p, state, factor, scale, momentum)
+
+
+def _eta_factor(config: ProximalConfig, k: int, total: int) -> float:
+    """`eta(k)`, linear from `eta_start` (first anchor) to `eta_end` (last anchor)."""
+    frac = k / max(1, total - 1)
+    return config.eta_start + frac * (config.eta_end - config.eta_start)
+
+
+def _eta_scale(duals: Duals, solutions: list[BlockSolution]) -> tuple[Tensor, ...]:
     """Per layer and problem `||xhB - xhA|| / ||rho||` at the start: makes `eta` invariant to
     the scales of the network's activations and of the objective."""
     scale = []
@@ -116,30 +184,43 @@ def _eta_scale(duals: Duals, solutions) -> list[Tensor]:
         size = rho.flatten(2).norm(dim=-1)
         ratio = gap / size.clamp(min=1e-12)
         scale.append(torch.where((gap > 0) & (size > 0), ratio, torch.ones_like(ratio)))
-    return scale
+    return tuple(scale)
+
+
+def initial_state(problem: Problem, init: Duals) -> tuple[ProxState, tuple[Tensor, ...]]:
+    """The primal at the oracle's minimisers for `init` (anchor = init) and eta's scales."""
+    value, solutions = evaluate(problem, init)
+    xhB = tuple(s.xhB for s in solutions[1:])
+    xhA = tuple(s.xhA for s in solutions)
+    rho = init.rho  # three copies: the compiled step must not see aliased inputs
+    state = ProxState(xhB, xhA, rho, init.clone().rho, value, init.clone().rho)
+    return state, _eta_scale(init, solutions)
 
 
 def solve(
     problem: Problem, config: ProximalConfig, init: Duals, budget: Budget | None = None
 ) -> DualResult:
-    """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`)."""
+    """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`).
+
+    `iterations` counts sweeps; the loop runs `ceil(iterations / inner)` outer iterations and
+    checks the budget whenever a multiple of `check_every` sweeps is passed."""
     clock = Clock.from_budget(budget, config.iterations, config.check_every)
-    anchor = init.clone()
-    value, solutions = evaluate(problem, anchor)
-    best = Best(value, anchor)
-    primal = _Primal([s.xhB for s in solutions[1:]], [s.xhA for s in solutions])
-    scale = _eta_scale(anchor, solutions)
-    previous = anchor
-    sweep = 0
-    for sweep in range(clock.iterations):
-        eta = _eta(config, scale, sweep, clock.iterations)
-        for j in range(problem.n_blocks):
-            _block_step(problem, primal, anchor, eta, j)
-        if (sweep + 1) % config.inner == 0 or sweep == clock.iterations - 1:
-            rho = primal.duals(anchor, eta)
-            value, _ = evaluate(problem, rho)
-            best.update(value, rho)
-            anchor, previous = rho + (rho - previous).scale(config.momentum), rho
-        if clock.checkpoint(sweep, best):
+    outer = -(-clock.iterations // config.inner)
+    state, scale = initial_state(problem, init)
+    use = should_compile(config.compile, problem.c.device, cpu_default=False)
+    steps = {"sweep": step_function(sweep_step, use), "anchor": step_function(anchor_step, use)}
+    if use:
+        mark_batch_dynamic((problem_tensors(problem), state, scale))
+    k = 0
+    for k in range(outer):
+        factor = torch.full((), _eta_factor(config, k, outer), dtype=problem.c.dtype,
+                            device=problem.c.device)  # fmt: skip
+        state = prox_step(problem, state, factor, scale, config.inner, config.momentum, **steps)
+        done = (k + 1) * config.inner
+        if done // clock.check_every > (done - config.inner) // clock.check_every and clock.record(
+            Best(state.best_value, Duals(state.best_rho))
+        ):
             break
-    return finalize(problem, best, clock, sweep + 1 if clock.iterations else 0)
+    best = Best(state.best_value, Duals(state.best_rho))
+    sweeps = min(clock.iterations, (k + 1) * config.inner) if outer else 0
+    return finalize(problem, best, clock, sweeps)

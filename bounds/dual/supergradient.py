@@ -5,10 +5,20 @@ linearly from `initial_step` to `final_step`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
-from bounds.dual.anytime import Best, Clock, DecompositionOptions, DualResult, finalize
+from bounds.compile import mark_batch_dynamic, should_compile, step_function
+from bounds.dual.anytime import (
+    Best,
+    Clock,
+    DecompositionOptions,
+    DualResult,
+    finalize,
+    problem_tensors,
+)
 from bounds.dual.decomposition import Problem, evaluate, supergradient
 from bounds.dual.duals import Duals
 from bounds.types import Budget
@@ -36,29 +46,63 @@ def _step_size(config: SupergradientConfig, it: int, total: int) -> float:
     return config.initial_step + frac * (config.final_step - config.initial_step)
 
 
+class AscentState(NamedTuple):
+    """All tensors: the duals, the supergradient at them, Adam's moments and step count
+    (0-d), and the best `q` per problem `[B, S]` with the duals achieving it."""
+
+    rho: tuple[Tensor, ...]
+    grad: tuple[Tensor, ...]
+    m: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    t: Tensor
+    best_value: Tensor
+    best_rho: tuple[Tensor, ...]
+
+
+def ascent_step(p: Problem, state: AscentState, step: Tensor) -> AscentState:
+    """One Adam ascent step on `q` along the supergradient, then `q` and its supergradient at
+    the new duals and the best-so-far update (pure: `torch.compile` fuses it)."""
+    t = state.t + 1
+    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
+    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(state.m, state.grad))
+    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(state.v, state.grad))
+    rho = Duals(
+        tuple(r + step * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8) for r, m_i, v_i in zip(
+            state.rho, m, v))
+    )  # fmt: skip
+    value, solutions = evaluate(p, rho)
+    improved = value > state.best_value
+    best = rho.where(improved, Duals(state.best_rho))
+    best_value = torch.where(improved, value, state.best_value)
+    return AscentState(rho.rho, supergradient(solutions).rho, m, v, t, best_value, best.rho)
+
+
+def initial_state(problem: Problem, init: Duals) -> AscentState:
+    """Adam's zero moments at `init`, with `q(init)` as the best so far."""
+    value, solutions = evaluate(problem, init)
+    m = tuple(torch.zeros_like(r) for r in init.rho)
+    v = tuple(torch.zeros_like(r) for r in init.rho)
+    t = problem.c.new_zeros(())
+    grad = supergradient(solutions).rho
+    return AscentState(init.rho, grad, m, v, t, value, init.clone().rho)
+
+
 def solve(
     problem: Problem, config: SupergradientConfig, init: Duals, budget: Budget | None = None
 ) -> DualResult:
     """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`)."""
     clock = Clock.from_budget(budget, config.iterations, config.check_every)
-    duals = init.clone()
-    m = [torch.zeros_like(r) for r in duals.rho]
-    v = [torch.zeros_like(r) for r in duals.rho]
-    value, solutions = evaluate(problem, duals)
-    best = Best(value, duals)
+    state = initial_state(problem, init)
+    use = should_compile(config.compile, problem.c.device, cpu_default=False)
+    step_fn = step_function(ascent_step, use)
+    if use:
+        mark_batch_dynamic((problem_tensors(problem), state))
     it = 0
     for it in range(clock.iterations):
-        grad = supergradient(solutions)
-        step = _step_size(config, it, clock.iterations)
-        c1, c2 = 1 - 0.9 ** (it + 1), 1 - 0.999 ** (it + 1)
-        rho = []
-        for r, g, m_i, v_i in zip(duals.rho, grad.rho, m, v):
-            m_i.mul_(0.9).add_(g, alpha=0.1)
-            v_i.mul_(0.999).addcmul_(g, g, value=0.001)
-            rho.append(r + step * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8))
-        duals = Duals(tuple(rho))
-        value, solutions = evaluate(problem, duals)
-        best.update(value, duals)
-        if clock.checkpoint(it, best):
+        step = torch.full((), _step_size(config, it, clock.iterations), dtype=problem.c.dtype,
+                          device=problem.c.device)  # fmt: skip
+        state = step_fn(problem, state, step)
+        if clock.checkpoint(it, Best(state.best_value, Duals(state.best_rho))):
             break
+    best = Best(state.best_value, Duals(state.best_rho))
     return finalize(problem, best, clock, it + 1 if clock.iterations else 0)

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from bounds.compile import (
+    CompileMode,
+    check_mode,
+    mark_batch_dynamic,
+    should_compile,
+    step_function,
+)
 from bounds.graph import Graph
 from bounds.methods.crown import (
     ChunkLinesFn,
@@ -24,6 +32,7 @@ from bounds.methods.crown import (
     crown_intervals,
     interval_bound,
     needs_crown,
+    neuron_chunk,
     output_functional,
     scatter_bounds,
     split_output,
@@ -38,45 +47,54 @@ class AlphaCrownConfig:
     """iterations: Adam steps (overridden by a budget); lr: Adam's step; optimize_intermediate:
     also optimise the slopes used for intermediate bounds; check_every: iterations between early
     stop / time checks; tolerance: stop when the summed bound improved by less than this
-    (relative) over the last `check_every` iterations."""
+    (relative) over the last `check_every` iterations; compile: torch.compile the step (True /
+    False / "auto": on CUDA without `optimize_intermediate`, see `bounds.compile`)."""
 
     iterations: int = 20
     lr: float = 0.1
     optimize_intermediate: bool = True
     check_every: int = 5
     tolerance: float = 1e-4
+    compile: CompileMode = "auto"
 
     def __post_init__(self) -> None:
+        check_mode(self.compile)
         if self.iterations < 0 or self.check_every < 1:
             raise ValueError("iterations must be >= 0 and check_every >= 1")
         if not self.lr > 0 or self.tolerance < 0:
             raise ValueError("lr must be > 0 and tolerance >= 0")
 
 
-@dataclass
-class AdamState:
-    """Adam's moments (Kingma and Ba, 2015; betas 0.9, 0.999), written out so that no optimizer
-    machinery (and its import of torch._dynamo) is needed; projects onto [0, 1] after a step."""
+class AlphaState(NamedTuple):
+    """All tensors: the slopes (one per (start, activation) key, in `_Problem.keys` order),
+    Adam's moments and step count (0-d), the best final bounds `[B, 2S]` and the tightest
+    intervals seen (`lower`/`upper` per graph node, in graph order)."""
 
-    m: list[Tensor]
-    v: list[Tensor]
-    t: int = 0
+    alphas: tuple[Tensor, ...]
+    m: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    t: Tensor
+    best: Tensor
+    best_lower: tuple[Tensor, ...]
+    best_upper: tuple[Tensor, ...]
 
-    @staticmethod
-    def zeros(params: list[Tensor]) -> AdamState:
-        return AdamState(
-            [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
-        )
 
-    @torch.no_grad()
-    def step(self, params: list[Tensor], grads: tuple[Tensor, ...], lr: float) -> None:
-        """Descent step on the loss (ascent on the bound), then clamp to [0, 1]."""
-        self.t += 1
-        c1, c2 = 1 - 0.9**self.t, 1 - 0.999**self.t
-        for p, g, m, v in zip(params, grads, self.m, self.v):
-            m.mul_(0.9).add_(g, alpha=0.1)
-            v.mul_(0.999).addcmul_(g, g, value=0.001)
-            p.sub_(lr * (m / c1) / ((v / c2).sqrt() + 1e-8)).clamp_(0.0, 1.0)
+def adam_ascent(
+    params: tuple[Tensor, ...], grads: tuple[Tensor, ...], m: tuple[Tensor, ...],
+    v: tuple[Tensor, ...], t: Tensor, lr: Tensor,
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], Tensor]:  # fmt: skip
+    """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, projected
+    onto [0, 1]; returns `(params, m, v, t)`. Written out (no torch.optim, whose import of
+    torch._dynamo costs seconds per process) and pure, so it compiles with the step."""
+    t = t + 1
+    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
+    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(m, grads))
+    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(v, grads))
+    new = tuple(
+        (p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8)).clamp(0.0, 1.0)
+        for p, m_i, v_i in zip(params, m, v)
+    )
+    return new, m, v, t
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,8 @@ class _Problem:
     C: Tensor
     base: dict[str, Interval]  # CROWN intervals: never loosened
     targets: dict[str, Tensor]  # pre-activation node -> flat indices of its ambiguous neurons
+    keys: tuple[tuple[str, str], ...]  # (start, activation) of each slope tensor
+    chunks: dict[str, int]  # neurons per backward pass for each target (fixed outside compile)
 
 
 def _activations_before(graph: Graph, start: str) -> list[str]:
@@ -137,13 +157,74 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
         if node.name in p.targets:
             index = p.targets[node.name]
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
-            low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for)
+            step = p.chunks[node.name]
+            low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step)
             iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
     out = p.graph.output.name
     lines = _lines(p, intervals, lambda act: alphas[out, act])
     result = backward_bound(p.graph, out, output_functional(p.graph, p.C), p.box, lines)
     return torch.maximum(result, interval_bound(p.C, intervals[out])), intervals
+
+
+def _objective(p: _Problem, alphas: tuple[Tensor, ...]):
+    """`(sum of the final lower bounds, (bounds [B, 2S], lower, upper))` for the slopes, with
+    every node's interval as `lower`/`upper` tuples in graph order."""
+    result, intervals = _pass(p, dict(zip(p.keys, alphas)))
+    names = [n.name for n in p.graph.nodes]
+    lower = tuple(intervals[n].lower.detach() for n in names)
+    upper = tuple(intervals[n].upper.detach() for n in names)
+    return result.sum(), (result.detach(), lower, upper)
+
+
+def _gradient(p: _Problem, alphas: tuple[Tensor, ...], functional: bool):
+    """`(d objective / d alphas, aux)`: by `torch.func.grad` inside compiled code (Dynamo
+    traces it; `torch.autograd.grad` would break the graph), by `torch.autograd.grad` in eager
+    mode (the first `torch.func` call imports torch._dynamo: seconds per process)."""
+    if not alphas:
+        return (), _objective(p, ())[1]
+    if functional:
+        return torch.func.grad(_objective, argnums=1, has_aux=True)(p, alphas)
+    with torch.enable_grad():
+        params = tuple(a.detach().requires_grad_(True) for a in alphas)
+        total, aux = _objective(p, params)
+        return torch.autograd.grad(total, params), aux
+
+
+def alpha_step(
+    p: _Problem, state: AlphaState, lr: Tensor, functional: bool = True
+) -> AlphaState:
+    """Bounds at the current slopes (kept when better, per spec and per neuron), then one Adam
+    ascent step on the summed final lower bound: pure, so `torch.compile` fuses the forward
+    bound pass, its gradient and the update (`functional=False`: autograd, eager only)."""
+    grads, (result, lower, upper) = _gradient(p, state.alphas, functional)
+    lower = tuple(torch.maximum(b, n) for b, n in zip(state.best_lower, lower))
+    upper = tuple(torch.minimum(b, n) for b, n in zip(state.best_upper, upper))
+    alphas, m, v, t = adam_ascent(state.alphas, grads, state.m, state.v, state.t, lr)
+    return AlphaState(alphas, m, v, t, torch.maximum(state.best, result), lower, upper)
+
+
+def _initial_state(p: _Problem, alphas: dict) -> AlphaState:
+    params = tuple(alphas[k].detach() for k in p.keys)
+    zeros = tuple(torch.zeros_like(a) for a in params)
+    moments = tuple(torch.zeros_like(a) for a in params)
+    names = [n.name for n in p.graph.nodes]
+    lower = tuple(p.base[n].lower.clone() for n in names)  # no aliasing of compiled inputs
+    upper = tuple(p.base[n].upper.clone() for n in names)
+    best = p.box.lower.new_full((p.box.lower.shape[0], 2 * p.C.shape[1]), -torch.inf)
+    return AlphaState(params, zeros, moments, p.box.lower.new_zeros(()), best, lower, upper)
+
+
+def _use_compile(config: AlphaCrownConfig, device: torch.device) -> bool:
+    """"auto": on CUDA for final-layer slopes only; with `optimize_intermediate` the step
+    unrolls a backward pass per chunk of every layer's neurons and compiles for minutes."""
+    if config.compile == "auto" and config.optimize_intermediate:
+        return False
+    return should_compile(config.compile, device)
+
+
+def _stalled(total: Tensor, last: Tensor | None, tolerance: float) -> bool:
+    return last is not None and bool(total - last <= tolerance * (1 + last.abs()))
 
 
 def alpha_crown(
@@ -167,42 +248,45 @@ def alpha_crown(
             index = unstable_indices(base[name])
             if index.numel():
                 targets[name] = index
-    problem = _Problem(graph, box, C, base, targets)
+    batch = box.lower.shape[0]
+    chunks = {n: neuron_chunk(graph, batch, index.numel()) for n, index in targets.items()}
+    problem = _Problem(graph, box, C, base, targets, (), chunks)
     alphas = _init_alphas(problem)
+    problem = _Problem(graph, box, C, base, targets, tuple(alphas), chunks)
     iterations = (
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
-    adam = AdamState.zeros(list(alphas.values())) if alphas else None
-    best, best_intervals, last_check = None, base, None
-    trajectory = []
+    state = _initial_state(problem, alphas)
+    if not alphas:  # nothing to optimise (no ambiguous neuron): one bound pass
+        iterations = 0
+    use = _use_compile(config, box.lower.device) and bool(alphas)
+    step = step_function(alpha_step, use)
+    if use:
+        base_tensors = [(iv.lower, iv.upper) for iv in base.values()]
+        mark_batch_dynamic((box.lower, box.upper, C, base_tensors, state))
+    lr = torch.full((), config.lr, dtype=box.lower.dtype, device=box.lower.device)
+    last_check, trajectory, it = None, [], 0
     for it in range(iterations + 1):
-        with torch.enable_grad():
-            result, intervals = _pass(problem, alphas)
-            loss = -result.sum()
-        detached = result.detach()
-        best = detached if best is None else torch.maximum(best, detached)
-        best_intervals = {k: best_intervals[k].intersect(_detach(v)) for k, v in intervals.items()}
-        if it == iterations or adam is None:
+        evaluated = state.alphas
+        state = step(problem, state, lr, use)
+        if it == iterations or not alphas:
             break
-        grads = torch.autograd.grad(loss, list(alphas.values()))
-        adam.step(list(alphas.values()), grads, config.lr)
         if (it + 1) % config.check_every == 0:
-            total = best.sum()
+            total = state.best.sum()
             elapsed = time.perf_counter() - start_time
             trajectory.append((elapsed, float(total)))
             if budget and budget.seconds is not None and elapsed > budget.seconds:
                 break
-            if last_check is not None and total - last_check <= config.tolerance * (
-                1 + last_check.abs()
-            ):
+            if _stalled(total, last_check, config.tolerance):
                 break
             last_check = total
-    lower, upper = split_output(best)
+    lower, upper = split_output(state.best)
     out = graph.output.name
-    slopes = {act: alphas[out, act].detach() for act in _activations_before(graph, out)}
+    final = dict(zip(problem.keys, evaluated))
+    slopes = {act: final[out, act] for act in _activations_before(graph, out)}
+    names = [n.name for n in graph.nodes]
+    best_intervals = {
+        n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)
+    }
     stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
     return lower, upper, best_intervals, stats
-
-
-def _detach(iv: Interval) -> Interval:
-    return Interval(iv.lower.detach(), iv.upper.detach())

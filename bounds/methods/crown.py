@@ -92,14 +92,21 @@ def spec_chunk(graph: Graph, batch: int) -> int:
     return max(1, MAX_FUNCTIONAL_ELEMENTS // (batch * widest))
 
 
+def neuron_chunk(graph: Graph, batch: int, count: int) -> int:
+    """Neurons per backward pass (each gives two specs, `+e_j` and `-e_j`), at most `count`."""
+    return min(count, max(1, spec_chunk(graph, batch) // 2))
+
+
 def bound_in_chunks(
-    graph: Graph, node: str, index: Tensor, batch: int, like: Tensor, lower_bound: Callable
-) -> tuple[Tensor, Tensor]:
+    graph: Graph, node: str, index: Tensor, batch: int, like: Tensor, lower_bound: Callable,
+    step: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
     functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(A, offset, count)` gives lower
-    bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`)."""
+    bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`).
+    `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside)."""
     shape = graph[node].shape
-    step = max(1, spec_chunk(graph, batch) // 2)
+    step = step or neuron_chunk(graph, batch, index.numel())
     lowers, uppers = [], []
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
@@ -110,15 +117,17 @@ def bound_in_chunks(
 
 
 def bound_neurons(
-    graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn
-) -> tuple[Tensor, Tensor]:
+    graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn,
+    step: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`."""
 
     def lower_bound(A: Tensor, offset: int, count: int) -> Tensor:
         return backward_bound(graph, node, A, box, lines_for(offset, count))
 
-    return bound_in_chunks(graph, node, index, box.lower.shape[0], box.lower, lower_bound)
+    batch = box.lower.shape[0]
+    return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step)
 
 
 def scatter_bounds(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:

@@ -1,0 +1,120 @@
+"""Compiled bound solvers: each step is one graph (fullgraph), compiled == eager, and no
+recompile across iterations, budgets or batch sizes (Dynamo's frame counter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import bounds.compile
+import verify
+from bounds.dual import crown_duals, layered, problem_from_intervals, proximal, supergradient
+from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.crown import crown, output_functional
+from bounds.types import Budget, Interval
+from tests.model_zoo import make
+
+D = torch.float64
+
+
+def _box(name: str, batch: int, seed: int = 0, eps: float = 0.3):
+    net, shape = make(name, seed=seed)
+    graph = verify.network_graph(net, shape)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(batch, *shape, generator=gen, dtype=D)
+    C = torch.randn(batch, 2, graph.output.shape[0], generator=gen, dtype=D)
+    return graph, Interval(x - eps, x + eps), C
+
+
+def _problem(name: str, batch: int, seed: int = 0):
+    graph, box, C = _box(name, batch, seed)
+    _, _, intervals = crown(graph, box, C)
+    return problem_from_intervals(layered(graph), box, intervals, output_functional(graph, C))
+
+
+def _dual(solver: str, problem, compile_mode, budget=None, iterations=8):
+    module = {"prox": proximal, "supergradient": supergradient}[solver]
+    config_type = {"prox": proximal.ProximalConfig, "supergradient": supergradient.SupergradientConfig}
+    config = config_type[solver](iterations=iterations, compile=compile_mode, check_every=2)
+    return module.solve(problem, config, crown_duals(problem), budget)
+
+
+def _alpha(graph, box, C, compile_mode, budget=None, iterations=6, intermediate=True):
+    config = AlphaCrownConfig(
+        iterations=iterations, compile=compile_mode, tolerance=0,
+        optimize_intermediate=intermediate,
+    )  # fmt: skip
+    return alpha_crown(graph, box, C, config, budget)
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    """Compile with a counting backend (Dynamo only, eager kernels: fast) from a clean cache."""
+    torch._dynamo.reset()
+    backend = CompileCounter()
+    monkeypatch.setattr(bounds.compile, "BACKEND", backend)
+    yield backend
+    torch._dynamo.reset()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("solver", ["prox", "supergradient"])
+def test_dual_solvers_compile_once_across_iterations_budgets_and_batches(counter, solver):
+    for batch in (2, 3, 5):
+        problem = _problem("mlp", batch)
+        _dual(solver, problem, True)
+        _dual(solver, problem, True, Budget(iterations=3))
+        _dual(solver, problem, True, Budget(seconds=30.0))
+    steps = {"prox": 2, "supergradient": 1}[solver]  # prox: the sweep and the anchor move
+    assert counter.frame_count == steps
+
+
+@pytest.mark.compile
+def test_alpha_crown_compiles_once_across_iterations_and_batches(counter):
+    for batch in (2, 3):
+        graph, box, C = _box("deep_mlp", batch)
+        _alpha(graph, box, C, True)
+        _alpha(graph, box, C, True, Budget(iterations=2))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("solver", ["prox", "supergradient"])
+def test_compiled_dual_solver_equals_eager(solver):
+    problem = _problem("mlp", 2, seed=3)
+    eager = _dual(solver, problem, False)
+    fused = _dual(solver, problem, True)
+    torch.testing.assert_close(fused.lower, eager.lower, rtol=1e-9, atol=1e-9)
+    for a, b in zip(fused.duals.rho, eager.duals.rho):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.compile
+def test_compiled_alpha_crown_equals_eager():
+    graph, box, C = _box("mlp", 2, seed=1)
+    eager = _alpha(graph, box, C, False, intermediate=False)  # small graph: short compile
+    fused = _alpha(graph, box, C, True, intermediate=False)
+    for a, b in zip(fused[:2], eager[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_auto_compiles_on_cuda_only_unless_measured():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not bounds.compile.should_compile("auto", cpu)
+    assert bounds.compile.should_compile("auto", cpu, cpu_default=True)
+    assert bounds.compile.should_compile("auto", cuda)
+    assert bounds.compile.should_compile(True, cpu) and not bounds.compile.should_compile(False, cuda)
+    with pytest.raises(ValueError, match="compile must be"):
+        proximal.ProximalConfig(compile="yes")
+    with pytest.raises(ValueError, match="compile must be"):
+        AlphaCrownConfig(compile=1.0)
+
+
+def test_public_api_takes_the_compile_option():
+    net, shape = make("mlp")
+    x = torch.zeros(1, *shape, dtype=D)
+    eager = verify.bounds(net, 0.1, x=x, method="prox", iterations=4, compile=False)
+    assert torch.isfinite(eager.lower).all()
+    with pytest.raises(ValueError, match="compile must be"):
+        verify.bounds(net, 0.1, x=x, method="prox", compile="sometimes")
