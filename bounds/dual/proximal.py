@@ -40,6 +40,8 @@ from bounds.dual.anytime import (
 from bounds.dual.decomposition import BlockSolution, Problem, evaluate, solve_block
 from bounds.dual.duals import Duals
 from bounds.types import Budget
+from kernels import backend as kernel_backend
+from kernels.prox_relu_block import prox_block_update, prox_neg_rho, prox_relu_oracle
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,49 @@ def _block_step(
     p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int
 ) -> tuple[Tensor | None, Tensor]:
     """One Frank-Wolfe step on block j: conditional gradient, exact step, convex combination.
-    Returns block j's new `(xhB_j, xhA_j)` (`xhB` None for block 0)."""
+    Returns block j's new `(xhB_{j-1}, xhA_j)` (`xhB` None for block 0). Where the Triton
+    kernels run (CUDA tensors, see `kernels.backend`), ReLU blocks use the fused kernels of
+    `kernels.prox_relu_block`; elsewhere the generic oracle (same maths, fewer calls: faster
+    in eager CPU mode than the kernels' torch references)."""
+    relu = j == 0 or p.net.relaxations[j - 1].name == "relu"
+    if relu and kernel_backend.use_triton(state.xhA[j]):
+        return _relu_block_step(p, state, eta, j)
+    return _generic_block_step(p, state, eta, j)
+
+
+def _relu_block_step(
+    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int, use_triton: bool | None = None
+) -> tuple[Tensor | None, Tensor]:
+    """`_generic_block_step` for a ReLU block through the kernels: `-rho_j`, then the oracle
+    pass on layer j-1 (rho, argmin, B-side sums) and the update pass (A-side sums, exact step,
+    convex combinations); the affine maps stay in torch."""
+    block, last = p.net.blocks[j], j == p.n_blocks - 1
+    coeff = p.c if last else prox_neg_rho(
+        state.anchor[j], state.xhB[j], state.xhA[j], eta[j], use_triton=use_triton
+    )  # fmt: skip
+    g = block.adjoint(coeff)
+    eta_out = None if last else eta[j]
+    if j == 0:
+        box_l, box_u = p.box.lower.unsqueeze(1), p.box.upper.unsqueeze(1)
+        xhA_cg = block.forward(torch.where(g > 0, box_l, box_u).expand_as(g))
+        xhA, _, _ = prox_block_update(coeff, state.xhA[0], xhA_cg, eta_out, use_triton=use_triton)
+        return None, xhA
+    i = j - 1
+    xhB_cg, x_cg, num_b, den_b = prox_relu_oracle(
+        state.anchor[i], state.xhB[i], state.xhA[i], eta[i], g, p.lower[i], p.upper[i],
+        use_triton=use_triton,
+    )  # fmt: skip
+    b_side = {"xhB": state.xhB[i], "xhB_cg": xhB_cg, "num_b": num_b, "den_b": den_b}
+    xhA, xhB, _ = prox_block_update(
+        coeff, state.xhA[j], block.forward(x_cg), eta_out, **b_side, use_triton=use_triton
+    )
+    return xhB, xhA
+
+
+def _generic_block_step(
+    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int
+) -> tuple[Tensor | None, Tensor]:
+    """One Frank-Wolfe step on block j through the relaxation's `argmin` (any activation)."""
     last = j == p.n_blocks - 1
     rho: list[Tensor | None] = [None] * len(state.xhB)
     if j >= 1:
