@@ -48,12 +48,14 @@ from kernels.prox_relu_block import prox_block_update, prox_neg_rho, prox_relu_o
 class ProximalConfig(DecompositionOptions):
     """iterations: Frank-Wolfe sweeps over all blocks (a budget overrides); inner: sweeps
     between anchor moves; eta_start/eta_end: the (relative) proximal weight, grown linearly;
-    momentum: on the anchor moves; shared options: see `DecompositionOptions`."""
+    momentum: on the anchor moves; shared options: see `DecompositionOptions`. Defaults from
+    a grid on ACAS Xu and mnist_fc (400 sweeps from CROWN's duals: 0.85 / 0.96 / 0.89 of the
+    LP's improvement, against 0.80 / 0.95 / 0.07 for inner 2, eta 3 -> 30)."""
 
     iterations: int = 100
-    inner: int = 2
-    eta_start: float = 3.0
-    eta_end: float = 30.0
+    inner: int = 5
+    eta_start: float = 1.0
+    eta_end: float = 10.0
     momentum: float = 0.3
 
     def __post_init__(self) -> None:
