@@ -1,0 +1,206 @@
+"""One GPU session's checks and timings, written to `benchmarks/results/gpu_check.{txt,json}`.
+
+1. Bounds on CUDA equal bounds on CPU (ibp, crown, alpha-crown, prox; a random conv net), and
+   are sound on sampled points.
+2. The proximal block-step kernels against their reference, and their bandwidth against a
+   device copy (`benchmarks/gpu_check_prox.py`).
+3. Solver steps eager vs `torch.compile` (Inductor -> Triton), compile time included, on an
+   OVAL cifar_wide-shaped net (conv 3->16 4x4/2, conv 16->32 4x4/2, fc 2048->100->10; random
+   weights) with a batch of 1,024 domains x 9 specs: prox sweep, supergradient step,
+   alpha-CROWN step (final-layer slopes); steps not started within 150 s are skipped.
+4. The dense-CRF kernels and steps on a 512x512 image with 21 labels
+   (`benchmarks/gpu_check_crf.py`).
+
+Designed to finish in under 5 minutes on an H200 (`benchmarks/gpu_check.sh`); `--smoke` runs
+tiny sizes on CPU (Triton through its interpreter) so that the script itself is tested here.
+
+    python -m benchmarks.gpu_check [--smoke] [--skip crf,prox,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+if not torch.cuda.is_available():  # the interpreter must be chosen before kernels are imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import verify
+from bounds.compile import compiled
+from bounds.dual import crown_duals, layered, problem_from_intervals, proximal, supergradient
+from bounds.methods import alpha_crown as ac
+from bounds.methods.crown import crown_intervals, output_functional
+from bounds.types import Interval
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FULL = {"batch": 1024, "specs": 9, "side": 32, "iters": 20, "steps_s": 150}
+SMOKE = {"batch": 2, "specs": 2, "side": 8, "iters": 2, "steps_s": 600}
+
+
+def cifar_wide_like(side: int) -> nn.Sequential:
+    """The layer shapes of OVAL's cifar_wide_kw (random weights)."""
+    torch.manual_seed(0)
+    flat = 32 * (side // 4) ** 2
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 4, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 4, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(flat, 100), nn.ReLU(), nn.Linear(100, 10),
+    ).eval()  # fmt: skip
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _ms(fn: Callable[[], object], iters: int, device: torch.device) -> float:
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def check_bounds(device: torch.device, size: dict) -> list[dict]:
+    """Part 1: CUDA bounds == CPU bounds (float64 nets), sound on samples."""
+    net = cifar_wide_like(size["side"]).double()
+    x = torch.rand(2, 3, size["side"], size["side"], dtype=torch.float64)
+    rows = []
+    for method, options in (("ibp", {}), ("crown", {}), ("alpha-crown", {"iterations": 5}),
+                            ("prox", {"iterations": 10, "init_iterations": 5})):  # fmt: skip
+        cpu = verify.bounds(net, 0.01, x=x, method=method, compile=False, **options)
+        dev = verify.bounds(net, 0.01, x=x.to(device), method=method, **options)
+        samples = x + 0.01 * (2 * torch.rand(64, *x.shape, dtype=x.dtype) - 1)
+        outputs = net(samples.flatten(0, 1)).reshape(64, *cpu.lower.shape)
+        sound = bool((outputs >= dev.lower.cpu() - 1e-9).all() & (outputs <= dev.upper.cpu() + 1e-9).all())
+        diff = float((dev.lower.cpu() - cpu.lower).abs().max())
+        rows.append({"part": "bounds", "case": method, "max_abs_diff": diff, "sound": sound,
+                     "ok": sound and diff <= 1e-6 * (1 + float(cpu.lower.abs().max()))})  # fmt: skip
+    return rows
+
+
+def _problem(device: torch.device, size: dict):
+    net = cifar_wide_like(size["side"])
+    graph = verify.network_graph(net, (3, size["side"], size["side"])).to(torch.float32, device)
+    x = torch.rand(size["batch"], 3, size["side"], size["side"], device=device)
+    box = Interval(x - 2 / 255, x + 2 / 255)
+    C = torch.randn(size["batch"], size["specs"], 10, device=device)
+    intervals = crown_intervals(graph, box)
+    c = output_functional(graph, C)
+    return graph, box, C, intervals, problem_from_intervals(layered(graph), box, intervals, c)
+
+
+def solver_steps(device: torch.device, size: dict) -> list[dict]:
+    """Part 3: eager vs compiled solver steps (first compiled call = compile time)."""
+    graph, box, C, intervals, problem = _problem(device, size)
+    state, scale = proximal.initial_state(problem, crown_duals(problem))
+    factor = torch.ones((), device=device)
+    sg_state = supergradient.initial_state(problem, crown_duals(problem))
+    step = torch.full((), 1e-3, device=device)
+    ap = ac._Problem(graph, box, C, intervals, {}, (), {})
+    alphas = ac._init_alphas(ap)
+    ap = ac._Problem(graph, box, C, intervals, {}, tuple(alphas), {})
+    a_state, lr = ac._initial_state(ap, alphas), torch.full((), 0.1, device=device)
+    cases = {
+        "prox sweep": (proximal.sweep_step, (problem, state, factor, scale)),
+        "supergradient": (supergradient.ascent_step, (problem, sg_state, step)),
+        "alpha-crown final": (ac.alpha_step, (ap, a_state, lr, True)),
+    }
+    rows, start_part = [], time.perf_counter()
+    for name, (fn, args) in cases.items():
+        if time.perf_counter() - start_part > size["steps_s"]:
+            rows.append({"part": "steps", "case": name, "skipped": "time budget of the part"})
+            continue
+        eager = _ms(lambda fn=fn, args=args: fn(*args), size["iters"], device)
+        fused = compiled(fn)
+        start = time.perf_counter()
+        fused(*args)
+        _sync(device)
+        compile_s = time.perf_counter() - start
+        ms = _ms(lambda fused=fused, args=args: fused(*args), size["iters"], device)
+        rows.append({"part": "steps", "case": name, "eager_ms": eager, "compiled_ms": ms,
+                     "speedup": eager / ms, "compile_s": compile_s})  # fmt: skip
+    return rows
+
+
+def run(device: torch.device, smoke: bool, skip: set[str]) -> list[dict]:
+    size = SMOKE if smoke else FULL
+    rows: list[dict] = []
+    parts = {
+        "bounds": lambda: check_bounds(device, size),
+        "prox": lambda: _tagged("prox-kernels", _prox_kernels(device, smoke)),
+        "steps": lambda: solver_steps(device, size),
+        "crf": lambda: _tagged("crf", _crf(device, smoke)),
+    }
+    for name, part in parts.items():
+        if name in skip:
+            continue
+        start = time.perf_counter()
+        try:
+            rows += part()
+        except Exception as error:  # a failing part must not hide the others' results
+            rows.append({"part": name, "case": "ERROR", "error": repr(error)[:300], "ok": False})
+        print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
+    return rows
+
+
+def _prox_kernels(device: torch.device, smoke: bool) -> list[dict]:
+    from benchmarks import gpu_check_prox
+
+    return gpu_check_prox.run(device, smoke=smoke)
+
+
+def _crf(device: torch.device, smoke: bool) -> list[dict]:
+    from benchmarks import gpu_check_crf
+
+    return gpu_check_crf.run(str(device), smoke=smoke)
+
+
+def _tagged(part: str, rows: list[dict]) -> list[dict]:
+    return [{"part": part, **row} for row in rows]
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = []
+    for row in rows:
+        cells = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (runs on CPU)")
+    parser.add_argument("--skip", default="", help="comma-separated parts: bounds,prox,steps,crf")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.smoke:
+        parser.error("no CUDA device: use --smoke for the CPU self-test")
+    rows = run(device, args.smoke, set(filter(None, args.skip.split(","))))
+    name = "gpu_check_smoke" if args.smoke else "gpu_check"
+    header = (f"# python -m benchmarks.gpu_check{' --smoke' if args.smoke else ''} "
+              f"({time.strftime('%Y-%m-%d %H:%M')}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+              f"torch {torch.__version__})")  # fmt: skip
+    text = header + "\n" + format_rows(rows) + "\n"
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.txt").write_text(text)
+    (args.out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
