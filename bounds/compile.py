@@ -7,6 +7,10 @@ region has no data-dependent control flow and compiles once (Dynamo unrolls loop
 compile the step, never the loop). Python scalars that change between iterations (step sizes,
 eta) are passed as 0-d tensors: a changing float would recompile once per value.
 
+A process that bounds many different networks needs a graph per architecture: the recompile
+limit is raised to `RECOMPILE_LIMIT` for these steps, and a step whose compile fails (any
+Dynamo error) warns once and runs eagerly from then on: compiling is never a reason to fail.
+
 `compile="auto"` compiles on CUDA, and on CPU only the steps whose measured CPU speed-up is
 positive (`benchmarks/compile_bench.py`): Inductor's C++ code pays on elementwise-heavy steps,
 not on matmul-bound ones, and a cold compile costs seconds.
@@ -14,6 +18,7 @@ not on matmul-bound ones, and a cold compile costs seconds.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +27,14 @@ import torch
 CompileMode = bool | str
 
 BACKEND: Any = "inductor"  # tests swap in a counting backend
+RECOMPILE_LIMIT = 64  # graphs per step: one per network architecture (and spec count) seen
 _COMPILED: dict[tuple[Callable, Any], Callable] = {}
+_FAILED: set[Callable] = set()  # steps whose compile failed: eager for the rest of the process
+_COMPILE_ERRORS = tuple(
+    getattr(torch._dynamo.exc, name)
+    for name in ("TorchDynamoException", "FailOnRecompileLimitHit")
+    if hasattr(torch._dynamo.exc, name)
+)
 
 
 def check_mode(mode: CompileMode) -> CompileMode:
@@ -75,7 +87,20 @@ def step_function(step: Callable, use_compiled: bool) -> Callable:
     fn = compiled(step)
 
     def run(*args, **kwargs):
-        out = fn(*args, **kwargs)
+        if step in _FAILED:
+            return step(*args, **kwargs)
+        try:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                out = fn(*args, **kwargs)
+        except _COMPILE_ERRORS as error:
+            _FAILED.add(step)
+            warnings.warn(
+                f"torch.compile of {step.__name__} failed ({type(error).__name__}); running it "
+                "eagerly from now on in this process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return step(*args, **kwargs)
         mark_batch_dynamic(out)
         return out
 

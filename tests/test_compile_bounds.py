@@ -54,8 +54,21 @@ def counter(monkeypatch):
     torch._dynamo.reset()
     backend = CompileCounter()
     monkeypatch.setattr(bounds.compile, "BACKEND", backend)
+    monkeypatch.setattr(bounds.compile, "_FAILED", set())
     yield backend
     torch._dynamo.reset()
+
+
+@pytest.mark.compile
+def test_a_failing_compile_falls_back_to_eager_with_a_warning(counter, monkeypatch):
+    """One graph allowed per step: the second architecture cannot compile, and runs eagerly."""
+    monkeypatch.setattr(bounds.compile, "RECOMPILE_LIMIT", 1)
+    _dual("prox", _problem("mlp", 2), True)
+    problem = _problem("deep_mlp", 2)
+    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+        fallback = _dual("prox", problem, True)
+    eager = _dual("prox", problem, False)
+    torch.testing.assert_close(fallback.lower, eager.lower, rtol=0, atol=0)
 
 
 @pytest.mark.compile
