@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from crf.compile import CompileMode, check_mode, should_compile
 from crf.energy import labelling_energy
 from crf.errors import ConfigError, ShapeMismatchError
 from crf.model import CRFModel, KernelParams, build_model
@@ -93,6 +94,7 @@ class DenseCRF:
         iterations: int | None = None,
         budget: float | None = None,
         init=None,
+        compile: CompileMode = "auto",
         **options,
     ) -> MapResult:
         """MAP labelling by ``method`` in {"meanfield", "qp", "dc-neg", "lp"}.
@@ -101,14 +103,22 @@ class DenseCRF:
         ``init``: None (the method's default, the papers' pipelines: softmax(-phi) for
         meanfield / qp, mean-field -> dc-neg, mean-field -> dc-neg -> lp), "unary", a method
         name (run it first, with its own default init and 80 % of the budget), or marginals
-        (H, W, M) / (B, H, W, M). ``options`` are fields of the method's config dataclass.
+        (H, W, M) / (B, H, W, M). ``compile``: run the solver steps through ``torch.compile``
+        (True / False; "auto": on CUDA, and on CPU where measured faster, see
+        :mod:`crf.compile`); it applies to a chained init too, and a first compile counts
+        against the budget. ``options`` are fields of the method's config dataclass.
         """
         if method not in SOLVERS:
             raise ConfigError(f"unknown method {method!r}; choose from {sorted(SOLVERS)}")
+        check_mode(compile)
         start = time.perf_counter()
-        q0, init_stats = self._init(method, init, budget)
+        q0, init_stats = self._init(method, init, budget, compile)
         solve, config_cls = SOLVERS[method]
         config = self._config(config_cls, iterations, budget, start, options)
+        device = self.model.unary.device
+        config = replace(
+            config, compile=should_compile(compile, device, config.cpu_compile_default)
+        )
         res = _keep_init_best(self.model, solve(self.model, q0, config), init_stats)
         seconds = time.perf_counter() - start  # solver (and init) time, not the reporting below
         reported = labelling_energy(self.model, res.labels, raw=True).cpu().numpy()
@@ -136,7 +146,7 @@ class DenseCRF:
             config = replace(config, seconds=left)
         return config
 
-    def _init(self, method: str, init, budget) -> tuple[torch.Tensor | None, dict]:
+    def _init(self, method: str, init, budget, compile) -> tuple[torch.Tensor | None, dict]:
         """Initial marginals (B, N, M) or None for softmax(-phi)."""
         if init is None:
             init = DEFAULT_INIT[method]
@@ -146,7 +156,7 @@ class DenseCRF:
             if init == method or init not in SOLVERS:
                 raise ConfigError(f"init {init!r} for method {method!r} is not valid")
             share = None if budget is None else INIT_SHARE * float(budget)
-            res = self.map(init, budget=share)
+            res = self.map(init, budget=share, compile=compile)
             q = torch.from_numpy(res.stats["marginals"]).to(self.model.unary)
             q = q.reshape(self.model.unary.shape)
             labels = torch.from_numpy(res.labels).to(self.model.unary.device)

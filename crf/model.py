@@ -56,12 +56,18 @@ class KernelTerm:
 
 
 class CRFModel:
-    """Unaries (B, N, M) and kernel terms; all filterings are (B, N, C) -> (B, N, C)."""
+    """Unaries (B, N, M) and kernel terms; all filterings are (B, N, C) -> (B, N, C).
+
+    ``self_weight`` (B, N, 1) is computed on construction; ``row_sums`` / ``raw_row_sums``
+    (one filtering each) on first use: read them before calling a compiled step that uses them
+    (Dynamo cannot trace the first evaluation of a ``cached_property`` on Python 3.11).
+    """
 
     def __init__(self, unary: torch.Tensor, terms: tuple[KernelTerm, ...], hw: tuple[int, int]):
         self.unary = unary
         self.terms = terms
         self.height, self.width = hw
+        self.self_weight = self._self_weight()
 
     @property
     def n_labels(self) -> int:
@@ -82,9 +88,9 @@ class CRFModel:
             out.add_(t.kernel.filter(v), alpha=t.weight)
         return out
 
-    @cached_property
-    def self_weight(self) -> torch.Tensor:
-        """(B, N, 1) diagonal ``K_aa`` of the model kernel (exact value: ``sum_m w_m n_m(a)^2``)."""
+    def _self_weight(self) -> torch.Tensor:
+        """(B, N, 1) diagonal ``K_aa`` of the model kernel (exact value: ``sum_m w_m n_m(a)^2``);
+        computed once in ``__init__`` (a plain attribute, so compiled steps can read it)."""
         out = torch.zeros_like(self.unary[..., :1])
         for t in self.terms:
             out = out + (t.weight if t.norm is None else t.weight * t.norm**2)

@@ -65,7 +65,10 @@ class LatticeKernel:
 
     def level_sums(self, levels: torch.Tensor, weight: torch.Tensor, n_levels: int) -> torch.Tensor:
         """Linear-time level filtering (Ajanthan et al. 2017, Sec. 4.3); picks the sparse
-        variant when few entries lie above level 0 (nearly integral y), else the dense one."""
+        variant when few entries lie above level 0 (nearly integral y), else the dense one.
+        Compiled code always takes the dense one (no data-dependent branch or shapes)."""
+        if torch.compiler.is_compiling():
+            return self._level_sums_dense(levels, weight, n_levels)
         if float((levels > 0).float().mean()) < 0.25:
             return self._level_sums_sparse(levels, weight, n_levels)
         return self._level_sums_dense(levels, weight, n_levels)

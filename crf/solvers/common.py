@@ -10,7 +10,7 @@ import torch
 
 from crf.errors import ConfigError
 
-__all__ = ["SOLVERS", "Budget", "SolverResult", "check_positive", "register"]
+__all__ = ["SOLVERS", "Budget", "SolverResult", "check_flags", "check_positive", "register"]
 
 SOLVERS: dict[str, tuple[Callable, type]] = {}
 
@@ -34,6 +34,14 @@ def check_positive(obj: object, names: tuple[str, ...], *, allow_zero: bool = Fa
         if not ok:
             bound = ">= 0" if allow_zero else "> 0"
             raise ConfigError(f"{type(obj).__name__}.{name} must be finite and {bound}, got {v!r}")
+
+
+def check_flags(obj: object, names: tuple[str, ...]) -> None:
+    """Raise :class:`ConfigError` unless each named field is a bool."""
+    for name in names:
+        v = getattr(obj, name)
+        if not isinstance(v, bool):
+            raise ConfigError(f"{type(obj).__name__}.{name} must be True or False, got {v!r}")
 
 
 @dataclass

@@ -6,42 +6,54 @@ the concave ``-y^T K y`` (K is a positive semidefinite Gaussian kernel, hence "n
 linearises the concave part at ``y_old`` -- **one filtering** ``g = phi - 2 K y_old`` -- and
 solves ``min_{q in simplex} g.q + c_a |q|^2`` per pixel: the Euclidean projection of
 ``-g / (2 c_a)`` onto the simplex. The relaxed energy never increases (exact kernels).
+
+One iteration is the pure :func:`dc_step` (CCCP update, then the filtering and relaxed energy of
+the new iterate, which the next update reuses); ``compile=True`` runs it through
+``torch.compile`` (:mod:`crf.compile`). The projection is
+:func:`kernels.crf_updates.project_simplex`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from crf.compile import step_function
 from crf.model import CRFModel
 from crf.rounding import BestLabelling
-from crf.simplex import project_simplex
-from crf.solvers.common import Budget, SolverResult, check_positive, register
+from crf.solvers.common import Budget, SolverResult, check_flags, check_positive, register
+from kernels.crf_updates import project_simplex
 
-__all__ = ["DCNegConfig", "dc_neg"]
+__all__ = ["DCNegConfig", "cccp_step", "dc_neg", "dc_step"]
 
 
 @dataclass(frozen=True)
 class DCNegConfig:
     """``iterations``; stop on a relative decrease of the relaxed energy below ``tol``
-    (checked every ``check_every`` steps); round every ``round_every`` steps."""
+    (checked every ``check_every`` steps); round every ``round_every`` steps; ``compile``: run
+    the step through ``torch.compile``."""
+
+    cpu_compile_default: ClassVar[bool] = False
 
     iterations: int = 20
     tol: float = 1e-5
     seconds: float | None = None
     check_every: int = 2
     round_every: int = 1
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self, ("iterations", "check_every", "round_every"))
         check_positive(self, ("tol",), allow_zero=True)
+        check_flags(self, ("compile",))
         if self.seconds is not None:
             check_positive(self, ("seconds",))
 
 
-def cccp_step(model: CRFModel, y: torch.Tensor, ky: torch.Tensor) -> torch.Tensor:
-    """Closed-form CCCP update from ``K y`` (the filtering of the current y)."""
+def cccp_step(model: CRFModel, ky: torch.Tensor) -> torch.Tensor:
+    """Closed-form CCCP update from ``K y`` (B, N, M), the filtering of the current y."""
     c = model.self_weight
     g = model.unary - 2.0 * ky
     return project_simplex(-g / (2.0 * c))
@@ -55,6 +67,16 @@ def _relaxed(
     return (model.unary * y).double().sum((1, 2)) - quad + const
 
 
+def dc_step(
+    model: CRFModel, ky: torch.Tensor, const: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One CCCP iteration from ``K y_old``: the new y (B, N, M), its filtering ``K y``
+    (B, N, M) and its relaxed energy (B,) float64 (``const`` (B,): the energy's constant)."""
+    y = cccp_step(model, ky)
+    ky = model.filter(y)
+    return y, ky, _relaxed(model, y, ky, const)
+
+
 @register("dc-neg", DCNegConfig)
 def dc_neg(model: CRFModel, init: torch.Tensor | None, config: DCNegConfig) -> SolverResult:
     """CCCP on DC-neg from ``init`` (B, N, M) or ``softmax(-phi)``."""
@@ -63,11 +85,12 @@ def dc_neg(model: CRFModel, init: torch.Tensor | None, config: DCNegConfig) -> S
     const = (model.row_sums - model.self_weight).double().sum((1, 2))
     best = BestLabelling(model)
     best.update(y)
+    step = step_function(dc_step, config.compile)
+    ky = model.filter(y)
+    energy = _relaxed(model, y, ky, const)  # energy of the current y, from the same filtering
     history = []
     it, prev = 0, None
     while True:
-        ky = model.filter(y)
-        energy = _relaxed(model, y, ky, const)  # energy of the current y, from the same filtering
         history.append(energy)
         if it > 0 and budget.exhausted(it):  # at least one CCCP step
             break
@@ -75,7 +98,7 @@ def dc_neg(model: CRFModel, init: torch.Tensor | None, config: DCNegConfig) -> S
         if check and bool(((prev - energy) <= config.tol * energy.abs()).all()):
             break
         prev = energy
-        y = cccp_step(model, y, ky)
+        y, ky, energy = step(model, ky, const)
         it += 1
         if it % config.round_every == 0:
             best.update(y)

@@ -19,21 +19,35 @@ Inner loop (Sec. 4.2): block-coordinate descent on the dual, whose primal is
   ``delta = clip(<A alpha - A s, y> / (lambda |A alpha - A s|^2), 0, 1)``.
 
 Rounding by argmax after every outer step, keeping the best labelling (model energy).
+
+Pure steps, run through ``torch.compile`` with ``compile=True`` (:mod:`crf.compile`): the
+accelerated anchor (:func:`anchor_step`, momentum as a 0-d tensor), the (beta, gamma) block from
+the anchor (:func:`primal_step`) and one dual pass (:func:`dual_pass`); the clock is checked
+between them. Compiled code always uses the dense level filtering.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from crf.compile import step_function
 from crf.errors import ConfigError
 from crf.model import CRFModel
 from crf.rounding import BestLabelling
-from crf.simplex import project_simplex
-from crf.solvers.common import Budget, SolverResult, check_positive, register
+from crf.solvers.common import Budget, SolverResult, check_flags, check_positive, register
+from kernels.crf_updates import project_simplex
 
-__all__ = ["LPConfig", "conditional_gradient", "lp_proximal"]
+__all__ = [
+    "LPConfig",
+    "anchor_step",
+    "conditional_gradient",
+    "dual_pass",
+    "lp_proximal",
+    "primal_step",
+]
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,10 @@ class LPConfig:
     """``iterations`` outer proximal steps of ``inner`` dual passes each; proximal weight
     ``lam`` (relative to ``1 / mean(K 1)``, so it is scale-free); ``levels`` H of the modified
     filtering; stop when ``|y^{k+1} - y^k| <= tol |y^k|``; ``mass_threshold``: restrict the LP
-    to labels whose initial marginal exceeds it somewhere (0 keeps all labels)."""
+    to labels whose initial marginal exceeds it somewhere (0 keeps all labels); ``compile``:
+    run the steps through ``torch.compile``."""
+
+    cpu_compile_default: ClassVar[bool] = False
 
     iterations: int = 10
     inner: int = 1
@@ -52,9 +69,11 @@ class LPConfig:
     seconds: float | None = None
     check_every: int = 2
     mass_threshold: float = 0.0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self, ("iterations", "inner", "lam", "levels", "check_every"))
+        check_flags(self, ("compile",))
         check_positive(self, ("tol", "mass_threshold"), allow_zero=True)
         if self.levels < 2 or self.mass_threshold >= 1:
             raise ConfigError("LPConfig: need levels >= 2 and mass_threshold < 1")
@@ -75,7 +94,7 @@ def conditional_gradient(model: CRFModel, y: torch.Tensor, n_levels: int) -> tor
     return model.row_sums - model.level_sums(_levels(y, n_levels), n_levels)
 
 
-def _dual_pass(
+def dual_pass(
     model: CRFModel,
     y: torch.Tensor,
     a_alpha: torch.Tensor,
@@ -83,15 +102,31 @@ def _dual_pass(
     lam: torch.Tensor,
     n_levels: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One alpha conditional-gradient step followed by the exact (beta, gamma) block."""
+    """One alpha conditional-gradient step followed by the exact (beta, gamma) block.
+
+    ``y``, ``a_alpha`` (= A alpha), ``anchor``: (B, N, M); ``lam`` (B, 1, 1). Returns the new
+    primal y and A alpha. Needs ``model.row_sums`` evaluated beforehand (see CRFModel).
+    """
     a_s = conditional_gradient(model, y, n_levels)
     diff = a_alpha - a_s
     num = (diff * y).double().sum((1, 2), keepdim=True)
     den = lam * diff.double().pow(2).sum((1, 2), keepdim=True)
     delta = (num / den.clamp_min(1e-300)).clamp(0.0, 1.0).to(y.dtype)
     a_alpha = a_alpha - delta * diff
-    y = project_simplex(anchor + lam * (a_alpha - model.unary))
+    y = primal_step(model, anchor, a_alpha, lam)
     return y, a_alpha
+
+
+def primal_step(
+    model: CRFModel, anchor: torch.Tensor, a_alpha: torch.Tensor, lam: torch.Tensor
+) -> torch.Tensor:
+    """The (beta, gamma) block optimum ``proj_simplex(anchor + lam (A alpha - phi))``."""
+    return project_simplex(anchor + lam * (a_alpha - model.unary))
+
+
+def anchor_step(y: torch.Tensor, y_prev: torch.Tensor, mom: torch.Tensor) -> torch.Tensor:
+    """Accelerated anchor ``proj_simplex(y + mom (y - y_prev))`` (``mom``: a 0-d tensor)."""
+    return project_simplex(y + mom * (y - y_prev))
 
 
 def _restrict(
@@ -117,13 +152,19 @@ def lp_proximal(model: CRFModel, init: torch.Tensor | None, config: LPConfig) ->
     best = BestLabelling(model)
     best.update(y)
     a_alpha = torch.zeros_like(y)
+    anchor_fn, primal_fn, dual_fn = (
+        step_function(fn, config.compile) for fn in (anchor_step, primal_step, dual_pass)
+    )
     y_prev, it, change = y, 0, float("nan")
     while not budget.exhausted(it):
         mom = it / (it + 3.0) if config.accelerate else 0.0
-        anchor = project_simplex(y + mom * (y - y_prev)) if mom > 0 else y
-        z = project_simplex(anchor + lam * (a_alpha - model.unary))
+        if mom > 0:
+            anchor = anchor_fn(y, y_prev, torch.tensor(mom, dtype=y.dtype, device=y.device))
+        else:
+            anchor = y
+        z = primal_fn(model, anchor, a_alpha, lam)
         for _ in range(config.inner):
-            z, a_alpha = _dual_pass(model, z, a_alpha, anchor, lam, config.levels)
+            z, a_alpha = dual_fn(model, z, a_alpha, anchor, lam, config.levels)
             if budget.out_of_time():  # a pass costs ~H filterings: check the clock after each
                 break
         y_prev, y = y, z

@@ -6,26 +6,37 @@ kernel filtering of the current marginals: the Potts "same label is rewarded" fo
 pydensecrf) filters *including* the pixel itself (``include_self=True``, the default, which
 reproduces its outputs); ``include_self=False`` gives the exact mean-field update of the energy
 over pairs ``a != b``. The first ``Q`` is ``softmax(-phi)`` unless an init is given.
+
+One iteration is the pure :func:`step` (one filtering of the M label channels, then the fused
+normalisation :func:`kernels.crf_updates.meanfield_normalise`); ``compile=True`` runs it
+through ``torch.compile`` (:mod:`crf.compile`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from crf.compile import step_function
 from crf.model import CRFModel
 from crf.rounding import BestLabelling
-from crf.solvers.common import Budget, SolverResult, check_positive, register
+from crf.solvers.common import Budget, SolverResult, check_flags, check_positive, register
+from kernels.crf_updates import meanfield_normalise, softmax_labels
 
-__all__ = ["MeanFieldConfig", "mean_field"]
+__all__ = ["MeanFieldConfig", "mean_field", "softmax_labels", "step"]
 
 
 @dataclass(frozen=True)
 class MeanFieldConfig:
     """``iterations`` (5 is the classic), relative tolerance ``tol`` on ``max |Q' - Q|``
     (0 = run all iterations), optional ``seconds`` budget, ``track_best``: also round every
-    iterate and keep the best labelling (one extra filtering per iteration)."""
+    iterate and keep the best labelling (one extra filtering per iteration); ``compile``:
+    run the step through ``torch.compile`` (``DenseCRF.map`` resolves its ``compile="auto"``
+    with ``cpu_compile_default``, measured by ``benchmarks/compile_bench.py``)."""
+
+    cpu_compile_default: ClassVar[bool] = False
 
     iterations: int = 5
     include_self: bool = True
@@ -33,28 +44,22 @@ class MeanFieldConfig:
     seconds: float | None = None
     check_every: int = 5
     track_best: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self, ("iterations", "check_every"))
+        check_flags(self, ("compile",))
         check_positive(self, ("tol",), allow_zero=True)
         if self.seconds is not None:
             check_positive(self, ("seconds",))
 
 
 def step(model: CRFModel, q: torch.Tensor, include_self: bool) -> torch.Tensor:
-    """One parallel mean-field update (one filtering of the M label channels)."""
+    """One parallel mean-field update of (B, N, M) marginals ``q``: ``softmax(K q - phi)``."""
     msg = model.filter(q)
     if not include_self:
         msg = msg - model.self_weight * q
-    return softmax_labels(msg - model.unary)
-
-
-def softmax_labels(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the label (last) dimension; for few labels it is computed on the
-    label-major transpose, where torch's CPU reduction is several times faster."""
-    if x.shape[-1] > 8:
-        return torch.softmax(x, dim=-1)
-    return torch.softmax(x.transpose(-1, -2).contiguous(), dim=-2).transpose(-1, -2).contiguous()
+    return meanfield_normalise(msg, model.unary)
 
 
 @register("meanfield", MeanFieldConfig)
@@ -63,9 +68,10 @@ def mean_field(model: CRFModel, init: torch.Tensor | None, config: MeanFieldConf
     budget = Budget(config.iterations, config.seconds, config.check_every)
     q = softmax_labels(-model.unary) if init is None else init
     best = BestLabelling(model) if config.track_best else None
+    update = step_function(step, config.compile)
     it, change = 0, float("nan")
     while not budget.exhausted(it):
-        new = step(model, q, config.include_self)
+        new = update(model, q, config.include_self)
         if config.tol > 0 and (it + 1) % config.check_every == 0:
             change = float((new - q).abs().max())
             if change <= config.tol:

@@ -10,26 +10,34 @@ is convex (``Psi + D`` is a graph Laplacian plus ``diag K``), equals ``E(y) - C`
 lower bound on the minimum energy (exact kernels). One iteration: conditional gradient
 ``s = onehot(argmin_i g_a:i)``, direction ``r = s - y``, **one filtering** ``P r = (Psi + D) r``,
 closed-form optimal step ``alpha = clip(-g.r / (2 r.P r), 0, 1)``, then ``y += alpha r`` and the
-gradient updated incrementally ``g += 2 alpha P r``.
+gradient updated incrementally ``g += 2 alpha P r``. The direction and the convex combination
+are the fused updates of :mod:`kernels.crf_updates`; the iteration is the pure :func:`fw_step`
+(``compile=True`` runs it through ``torch.compile``, :mod:`crf.compile`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from crf.compile import step_function
 from crf.model import CRFModel
 from crf.rounding import BestLabelling
-from crf.solvers.common import Budget, SolverResult, check_positive, register
+from crf.solvers.common import Budget, SolverResult, check_flags, check_positive, register
+from kernels.crf_updates import frank_wolfe_direction, frank_wolfe_update
 
-__all__ = ["QPConfig", "qp_frank_wolfe"]
+__all__ = ["QPConfig", "fw_step", "qp_frank_wolfe"]
 
 
 @dataclass(frozen=True)
 class QPConfig:
     """``iterations``; stop when the Frank-Wolfe gap <= ``tol * |f + C|`` (relative); ``eps``
-    added to ``d`` (relative to its mean); round every ``round_every`` iterations."""
+    added to ``d`` (relative to its mean); round every ``round_every`` iterations;
+    ``compile``: run the step through ``torch.compile``."""
+
+    cpu_compile_default: ClassVar[bool] = False
 
     iterations: int = 100
     tol: float = 1e-4
@@ -37,10 +45,12 @@ class QPConfig:
     seconds: float | None = None
     check_every: int = 5
     round_every: int = 5
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_positive(self, ("iterations", "check_every", "round_every"))
         check_positive(self, ("tol", "eps"), allow_zero=True)
+        check_flags(self, ("compile",))
         if self.seconds is not None:
             check_positive(self, ("seconds",))
 
@@ -58,16 +68,15 @@ def apply_p(model: CRFModel, r: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 def fw_step(
     model: CRFModel, y: torch.Tensor, g: torch.Tensor, f: torch.Tensor, d: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One Frank-Wolfe iteration; returns (y, g, f, gap) with the closed-form optimal step."""
-    s = torch.nn.functional.one_hot(g.argmin(-1), g.shape[-1]).to(y.dtype)
-    r = s - y
+    """One Frank-Wolfe iteration on (B, N, M) ``y`` and gradient ``g``, (B, 1, 1) objective
+    ``f`` and ``d`` (B, N, 1); returns (y, g, f, gap) with the closed-form optimal step."""
+    r = frank_wolfe_direction(g, y)
     pr = apply_p(model, r, d)
     slope = _dot(g, r)  # <= 0
     curv = _dot(r, pr)
     alpha = torch.where(curv > 0, (-slope / (2 * curv.clamp_min(1e-300))), torch.ones_like(curv))
     alpha = alpha.clamp(0.0, 1.0)
-    y = y + alpha.to(y.dtype) * r
-    g = g + (2 * alpha).to(y.dtype) * pr
+    y, g = frank_wolfe_update(y, g, r, pr, alpha)
     f = f + alpha * slope + alpha**2 * curv
     return y, g, f, -slope
 
@@ -89,9 +98,10 @@ def qp_frank_wolfe(model: CRFModel, init: torch.Tensor | None, config: QPConfig)
     lower = torch.full_like(f, -float("inf"))
     it, gap = 0, torch.full_like(f, float("inf"))
     history = [f.flatten() + const.flatten()]
+    step = step_function(fw_step, config.compile)
     while not budget.exhausted(it):
         f_old = f
-        y, g, f, gap = fw_step(model, y, g, f, d)
+        y, g, f, gap = step(model, y, g, f, d)
         lower = torch.maximum(lower, f_old - gap + const)  # Frank-Wolfe duality gap at y_old
         history.append(f.flatten() + const.flatten())
         it += 1

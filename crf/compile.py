@@ -1,0 +1,62 @@
+"""``torch.compile`` of the CRF solver steps: when to compile, one compiled wrapper per step.
+
+Each solver iteration is a pure function of the model and tensors (``step(model, *state) ->
+state``); the Python loop around it keeps the budget checks, early stopping and rounding, so the
+compiled region has no data-dependent control flow (Dynamo unrolls loops, so we compile the
+step, never the loop). Scalars that change between iterations (the proximal LP's momentum) are
+passed as 0-d tensors: a changing Python float would recompile once per value. Inside compiled
+code the lattice filtering runs the index-based splat / blur / slice of
+:mod:`kernels.lattice_filter` (Triton on CUDA, torch references that Inductor compiles on CPU).
+
+``compile="auto"`` compiles on CUDA; on CPU only the steps whose solver config says so
+(``cpu_compile_default``). The first call of a compiled step pays the compile, a new image size
+recompiles once (the sizes then go dynamic), and a call on the same shapes reuses it. On CPU
+(``benchmarks/results/compile_bench.txt``, 256 x 256, 21 labels, one thread) the compiled steps
+are faster per step (1.1-2.2x), but a step's compile (0.2-1 s on a warm Inductor cache, 4-21 s
+cold, plus 12-26 s of imports at a process's first compile on the measuring machine) is not
+repaid within one default solver call (only the QP's 100 iterations repay a warm-cache compile,
+and not with the imports), so every ``cpu_compile_default`` is False: "auto" never makes a
+default CPU call slower. Pass ``compile=True`` for long runs or many calls on same-sized images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from crf.errors import ConfigError
+
+__all__ = ["CompileMode", "check_mode", "compiled", "should_compile", "step_function"]
+
+CompileMode = bool | str
+
+_COMPILED: dict[Callable, Callable] = {}
+
+
+def check_mode(mode: CompileMode) -> CompileMode:
+    """Validate a ``compile=`` option: True, False or "auto"."""
+    if mode is not True and mode is not False and mode != "auto":
+        raise ConfigError(f"compile must be True, False or 'auto', got {mode!r}")
+    return mode
+
+
+def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = False) -> bool:
+    """Resolve ``compile=``: "auto" is on for CUDA and ``cpu_default`` (measured) elsewhere."""
+    check_mode(mode)
+    if mode == "auto":
+        return device.type == "cuda" or cpu_default
+    return bool(mode)
+
+
+def compiled(step: Callable) -> Callable:
+    """The ``torch.compile(step, fullgraph=True)`` wrapper, created once per step function and
+    kept for the process (Dynamo's guards pick or add the graph for each model / shape)."""
+    if step not in _COMPILED:
+        _COMPILED[step] = torch.compile(step, fullgraph=True)
+    return _COMPILED[step]
+
+
+def step_function(step: Callable, use_compiled: bool) -> Callable:
+    """``step`` itself or its compiled wrapper."""
+    return compiled(step) if use_compiled else step

@@ -1,0 +1,163 @@
+"""Permutohedral splat / blur / slice kernels (kernels/lattice_filter.py): Triton (the
+interpreter on CPU) against the torch references on awkward shapes, the references against
+the CSR matrices of a real lattice, the custom ops' registrations, the argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from crf.lattice import build_lattice
+from kernels import backend
+from kernels.lattice_filter import (
+    _lattice_blur_triton,
+    _lattice_slice_triton,
+    _lattice_splat_triton,
+    lattice_blur,
+    lattice_blur_reference,
+    lattice_filter,
+    lattice_slice,
+    lattice_slice_reference,
+    lattice_splat,
+    lattice_splat_reference,
+)
+
+# (points P, channels C, vertices per point d+1, lattice rows R): 1 point / 1 channel, odd and
+# non-power-of-2 sizes, more channels than one 64-wide tile.
+SHAPES = [(1, 1, 2, 2), (7, 3, 3, 5), (37, 5, 6, 23), (130, 21, 3, 61), (9, 70, 4, 11)]
+DTYPES = [torch.float32, torch.float64]
+needs_triton = pytest.mark.skipif(
+    not backend.HAS_TRITON or not (backend.INTERPRET or torch.cuda.is_available()),
+    reason="needs triton (and TRITON_INTERPRET=1 on CPU)",
+)
+
+
+def _tol(dtype: torch.dtype) -> dict:
+    return (
+        {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    )
+
+
+def random_lattice(p, c, d1, rows, dtype, seed=0, device="cpu"):
+    """Values (P, C), offsets / weights (P, d+1) into rows [0, R-1) (R-1 = padding row),
+    neighbours (d+1, 2, R) with the padding row its own neighbour."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(p, c, generator=g, dtype=dtype)
+    offsets = torch.randint(0, max(rows - 1, 1), (p, d1), generator=g)
+    weights = torch.rand(p, d1, generator=g, dtype=dtype)
+    neighbours = torch.randint(0, rows, (d1, 2, rows), generator=g)
+    neighbours[:, :, rows - 1] = rows - 1
+    return [t.to(device) for t in (values, offsets, weights, neighbours)]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernels_match_references(shape, dtype):
+    p, c, d1, rows = shape
+    values, offsets, weights, neighbours = random_lattice(p, c, d1, rows, dtype)
+    tol = _tol(dtype)
+    lat = lattice_splat(values, offsets, weights, rows, use_triton=True)
+    ref = lattice_splat_reference(values, offsets, weights, rows)
+    torch.testing.assert_close(lat, ref, **tol)
+    assert lat.shape == (rows, c) and lat.dtype == dtype
+    blurred = lattice_blur(ref, neighbours, use_triton=True)
+    torch.testing.assert_close(blurred, lattice_blur_reference(ref, neighbours), **tol)
+    out = lattice_slice(blurred, offsets, weights, use_triton=True)
+    torch.testing.assert_close(out, lattice_slice_reference(blurred, offsets, weights), **tol)
+    assert out.shape == (p, c)
+
+
+@needs_triton
+def test_int32_indices_and_strided_values():
+    _, offsets, weights, neighbours = random_lattice(19, 6, 3, 9, torch.float32, seed=3)
+    strided = torch.randn(6, 19).t()  # not contiguous
+    a = lattice_splat(strided, offsets.int(), weights, 9, use_triton=True)
+    torch.testing.assert_close(a, lattice_splat_reference(strided, offsets, weights, 9))
+    b = lattice_blur(a, neighbours.int(), use_triton=True)
+    torch.testing.assert_close(b, lattice_blur_reference(a, neighbours))
+
+
+@needs_triton
+def test_blur_keeps_input_and_padding_row():
+    values, offsets, weights, neighbours = random_lattice(11, 4, 3, 8, torch.float64, seed=1)
+    lat = lattice_splat_reference(values, offsets, weights, 8)
+    before = lat.clone()
+    out = lattice_blur(lat, neighbours, use_triton=True)
+    assert torch.equal(lat, before)  # functional: the input is not overwritten
+    assert float(out[-1].abs().max()) == 0.0  # the padding row stays zero
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_real_lattice_filter_matches_csr_path(dtype):
+    """On a built lattice, the Triton filter equals the eager CSR splat / blur / slice."""
+    g = torch.Generator().manual_seed(2)
+    feats = torch.rand(2, 23, 5, generator=g, dtype=torch.float64) * 4  # batch of 2 "images"
+    lat = build_lattice(feats, dtype=dtype)
+    values = torch.rand(lat.n_points, 3, generator=g, dtype=dtype)
+    args = (values, lat.offsets, lat.weights, lat.slice_weights, lat.neighbours)
+    csr = lat.filter(values)  # eager CPU: sparse matrices
+    torch.testing.assert_close(lattice_filter(*args, use_triton=True), csr, **_tol(dtype))
+    torch.testing.assert_close(lattice_filter(*args, use_triton=False), csr, **_tol(dtype))
+
+
+def test_references_equal_csr_matrices_exactly():
+    """The index-based references sum in the CSR order: bit-identical to the sparse path."""
+    feats = torch.rand(40, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    lat = build_lattice(feats * 5, dtype=torch.float32)
+    values = torch.rand(40, 4, generator=torch.Generator().manual_seed(5))
+    splat = lattice_splat_reference(values, lat.offsets, lat.weights, lat.n_vertices + 1)
+    assert torch.equal(splat, torch.sparse.mm(lat.splat_matrix, values))
+    sliced = lattice_slice_reference(splat, lat.offsets, lat.slice_weights)
+    assert torch.equal(sliced, torch.sparse.mm(lat.slice_matrix, splat))
+
+
+@needs_triton
+def test_custom_ops_registrations():
+    """Schema, fake (meta) implementations and dynamic shapes of the three custom ops."""
+    values, offsets, weights, neighbours = random_lattice(6, 3, 3, 5, torch.float32, seed=6)
+    lat = lattice_splat_reference(values, offsets, weights, 5)
+    torch.library.opcheck(_lattice_splat_triton, (values, offsets, weights, 5))
+    torch.library.opcheck(_lattice_blur_triton, (lat, neighbours))
+    torch.library.opcheck(_lattice_slice_triton, (lat, offsets, weights))
+
+
+def test_dispatch_follows_backend_mode():
+    x = torch.zeros(2, 2)
+    assert backend.use_triton(x) is (backend.backend_mode() == "triton")
+    with backend.kernel_backend("reference"):
+        assert backend.use_triton(x) is False
+        assert backend.use_triton(x, True) is True
+    with pytest.raises(ValueError), backend.kernel_backend("fast"):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("float offsets", lambda v, o, w, n: lattice_splat(v, o.double(), w, 5)),
+        ("weights dtype", lambda v, o, w, n: lattice_splat(v, o, w.double(), 5)),
+        ("points", lambda v, o, w, n: lattice_splat(v[:-1], o, w, 5)),
+        ("int values", lambda v, o, w, n: lattice_slice(v.long(), o, w)),
+        ("neighbour rows", lambda v, o, w, n: lattice_blur(torch.zeros(4, 3), n)),
+        ("neighbour dtype", lambda v, o, w, n: lattice_blur(torch.zeros(5, 3), n.float())),
+    ],
+)
+def test_bad_arguments_raise(name, call):
+    values, offsets, weights, neighbours = random_lattice(6, 3, 3, 5, torch.float32)
+    with pytest.raises(ValueError):
+        call(values, offsets, weights, neighbours)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_kernels_match_cpu_references(dtype):
+    p, c, d1, rows = 5000, 21, 6, 1201
+    cpu = random_lattice(p, c, d1, rows, dtype, seed=7)
+    values, offsets, weights, neighbours = (t.cuda() for t in cpu)
+    out = lattice_filter(values, offsets, weights, weights, neighbours)  # auto: Triton on CUDA
+    lat = lattice_splat_reference(cpu[0], cpu[1], cpu[2], rows)
+    ref = lattice_slice_reference(lattice_blur_reference(lat, cpu[3]), cpu[1], cpu[2])
+    torch.testing.assert_close(out.cpu(), ref, **_tol(dtype))
