@@ -79,7 +79,7 @@ def _alpha_case(kind: str, iterations: int) -> Case:
     lr = torch.tensor(0.1)
     return Case(
         f"alpha-crown final ({kind})",
-        lambda s: ac.alpha_step(problem, s, lr, True),
+        lambda s: ac.alpha_step(problem, s, lr),
         ac._initial_state(problem, alphas), iterations, cpu_default=False,
         default_iterations=20,
     )  # fmt: skip

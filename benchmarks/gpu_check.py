@@ -116,7 +116,7 @@ def solver_steps(device: torch.device, size: dict) -> list[dict]:
     cases = {
         "prox sweep": (proximal.sweep_step, (problem, state, factor, scale)),
         "supergradient": (supergradient.ascent_step, (problem, sg_state, step)),
-        "alpha-crown final": (ac.alpha_step, (ap, a_state, lr, True)),
+        "alpha-crown final": (ac.alpha_step, (ap, a_state, lr)),
     }
     rows, start_part = [], time.perf_counter()
     for name, (fn, args) in cases.items():

@@ -191,12 +191,11 @@ def _gradient(p: _Problem, alphas: tuple[Tensor, ...], functional: bool):
         return torch.autograd.grad(total, params), aux
 
 
-def alpha_step(
-    p: _Problem, state: AlphaState, lr: Tensor, functional: bool = True
-) -> AlphaState:
+def alpha_step(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
     """Bounds at the current slopes (kept when better, per spec and per neuron), then one Adam
     ascent step on the summed final lower bound: pure, so `torch.compile` fuses the forward
-    bound pass, its gradient and the update (`functional=False`: autograd, eager only)."""
+    bound pass, its gradient and the update."""
+    functional = torch.compiler.is_compiling()
     grads, (result, lower, upper) = _gradient(p, state.alphas, functional)
     lower = tuple(torch.maximum(b, n) for b, n in zip(state.best_lower, lower))
     upper = tuple(torch.minimum(b, n) for b, n in zip(state.best_upper, upper))
@@ -268,7 +267,7 @@ def alpha_crown(
     last_check, trajectory, it = None, [], 0
     for it in range(iterations + 1):
         evaluated = state.alphas
-        state = step(problem, state, lr, use)
+        state = step(problem, state, lr)
         if it == iterations or not alphas:
             break
         if (it + 1) % config.check_every == 0:
