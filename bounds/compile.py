@@ -1,107 +1,19 @@
-"""`torch.compile` of solver steps: when to compile, one compiled wrapper per step function,
-and the batch dimension marked dynamic so that branch and bound does not recompile per batch.
+"""`torch.compile` of the bound solvers' steps: see `kernels.compile` (shared with `crf/`)."""
 
-Each solver iteration is a pure `step(problem, state, ...) -> state` function over tensors
-(NamedTuples of tensors); the Python loop around it keeps the budget checks, so the compiled
-region has no data-dependent control flow and compiles once (Dynamo unrolls loops, so we
-compile the step, never the loop). Python scalars that change between iterations (step sizes,
-eta) are passed as 0-d tensors: a changing float would recompile once per value.
-
-A process that bounds many different networks needs a graph per architecture: the recompile
-limit is raised to `RECOMPILE_LIMIT` for these steps, and a step whose compile fails (any
-Dynamo error) warns once and runs eagerly from then on: compiling is never a reason to fail.
-
-`compile="auto"` compiles on CUDA, and on CPU only the steps whose measured CPU speed-up is
-positive (`benchmarks/compile_bench.py`): Inductor's C++ code pays on elementwise-heavy steps,
-not on matmul-bound ones, and a cold compile costs seconds.
-"""
-
-from __future__ import annotations
-
-import warnings
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-CompileMode = bool | str
-
-BACKEND: Any = "inductor"  # tests swap in a counting backend
-RECOMPILE_LIMIT = 64  # graphs per step: one per network architecture (and spec count) seen
-_COMPILED: dict[tuple[Callable, Any], Callable] = {}
-_FAILED: set[Callable] = set()  # steps whose compile failed: eager for the rest of the process
-_COMPILE_ERRORS = tuple(
-    getattr(torch._dynamo.exc, name)
-    for name in ("TorchDynamoException", "FailOnRecompileLimitHit")
-    if hasattr(torch._dynamo.exc, name)
+from kernels.compile import (
+    CompileMode,
+    check_mode,
+    compiled,
+    mark_batch_dynamic,
+    should_compile,
+    step_function,
 )
 
-
-def check_mode(mode: CompileMode) -> CompileMode:
-    """Validate a `compile=` option: True, False or "auto"."""
-    if not (mode is True or mode is False or mode == "auto"):
-        raise ValueError(f"compile must be True, False or 'auto', got {mode!r}")
-    return mode
-
-
-def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = False) -> bool:
-    """Resolve `compile=`: "auto" is on for CUDA and `cpu_default` (measured) on CPU."""
-    check_mode(mode)
-    if mode == "auto":
-        return device.type == "cuda" or cpu_default
-    return bool(mode)
-
-
-def compiled(step: Callable) -> Callable:
-    """The `torch.compile(step, fullgraph=True)` wrapper, created once per function (Dynamo's
-    cache lives on the code object, so every caller shares the compiled graphs)."""
-    key = (step, BACKEND)
-    if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(step, fullgraph=True, backend=BACKEND)
-    return _COMPILED[key]
-
-
-def mark_batch_dynamic(tree: Any) -> None:
-    """Mark dimension 0 (the batch of domains) of every tensor in `tree` (tensors, nested
-    tuples/lists/NamedTuples) dynamic, so that a new batch size does not recompile; sizes 0/1
-    stay specialised (`maybe_mark_dynamic`). Pass only tensors whose dimension 0 is the batch."""
-    for t in _tensors(tree):
-        if t.dim() > 0:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-
-
-def _tensors(tree: Any):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (tuple, list)):
-        for item in tree:
-            yield from _tensors(item)
-
-
-def step_function(step: Callable, use_compiled: bool) -> Callable:
-    """`step` itself, or its compiled wrapper whose returned state has its batch dimension
-    marked dynamic again (outputs of a compiled call carry no marks, and the next step would
-    otherwise specialise on the batch size)."""
-    if not use_compiled:
-        return step
-    fn = compiled(step)
-
-    def run(*args, **kwargs):
-        if step in _FAILED:
-            return step(*args, **kwargs)
-        try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                out = fn(*args, **kwargs)
-        except _COMPILE_ERRORS as error:
-            _FAILED.add(step)
-            warnings.warn(
-                f"torch.compile of {step.__name__} failed ({type(error).__name__}); running it "
-                "eagerly from now on in this process",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return step(*args, **kwargs)
-        mark_batch_dynamic(out)
-        return out
-
-    return run
+__all__ = [
+    "CompileMode",
+    "check_mode",
+    "compiled",
+    "mark_batch_dynamic",
+    "should_compile",
+    "step_function",
+]

@@ -26,12 +26,10 @@ from collections.abc import Callable
 import torch
 
 from crf.errors import ConfigError
+from kernels.compile import CompileMode, compiled
+from kernels.compile import step_function as _step_function
 
 __all__ = ["CompileMode", "check_mode", "compiled", "should_compile", "step_function"]
-
-CompileMode = bool | str
-
-_COMPILED: dict[Callable, Callable] = {}
 
 
 def check_mode(mode: CompileMode) -> CompileMode:
@@ -49,14 +47,7 @@ def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = 
     return bool(mode)
 
 
-def compiled(step: Callable) -> Callable:
-    """The ``torch.compile(step, fullgraph=True)`` wrapper, created once per step function and
-    kept for the process (Dynamo's guards pick or add the graph for each model / shape)."""
-    if step not in _COMPILED:
-        _COMPILED[step] = torch.compile(step, fullgraph=True)
-    return _COMPILED[step]
-
-
 def step_function(step: Callable, use_compiled: bool) -> Callable:
-    """``step`` itself or its compiled wrapper."""
-    return compiled(step) if use_compiled else step
+    """``step`` itself or its compiled wrapper (shared cache and eager fallback on a failed
+    compile: :func:`kernels.compile.step_function`; CRF states have no batch dimension)."""
+    return _step_function(step, use_compiled, dynamic_batch=False)

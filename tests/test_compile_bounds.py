@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import bounds.compile
+import kernels.compile
 import verify
 from bounds.dual import crown_duals, layered, problem_from_intervals, proximal, supergradient
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
@@ -53,8 +54,8 @@ def counter(monkeypatch):
     """Compile with a counting backend (Dynamo only, eager kernels: fast) from a clean cache."""
     torch._dynamo.reset()
     backend = CompileCounter()
-    monkeypatch.setattr(bounds.compile, "BACKEND", backend)
-    monkeypatch.setattr(bounds.compile, "_FAILED", set())
+    monkeypatch.setattr(kernels.compile, "BACKEND", backend)
+    monkeypatch.setattr(kernels.compile, "_FAILED", set())
     yield backend
     torch._dynamo.reset()
 
@@ -62,7 +63,7 @@ def counter(monkeypatch):
 @pytest.mark.compile
 def test_a_failing_compile_falls_back_to_eager_with_a_warning(counter, monkeypatch):
     """One graph allowed per step: the second architecture cannot compile, and runs eagerly."""
-    monkeypatch.setattr(bounds.compile, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(kernels.compile, "RECOMPILE_LIMIT", 1)
     _dual("prox", _problem("mlp", 2), True)
     problem = _problem("deep_mlp", 2)
     with pytest.warns(RuntimeWarning, match="running it eagerly"):

@@ -12,6 +12,7 @@ from torch._dynamo.testing import CompileCounter
 
 import crf
 import crf.compile
+import kernels.compile
 from crf.compile import should_compile
 from crf.solvers import SOLVERS
 from kernels import backend
@@ -31,15 +32,9 @@ def counting_compile(monkeypatch):
     """Compile every step with Dynamo and a counting backend (no Inductor: fast); yields the
     counter (``frame_count`` = graphs compiled)."""
     counter = CompileCounter()
-    wrappers: dict = {}
-
-    def compiled(step):
-        if step not in wrappers:
-            wrappers[step] = torch.compile(step, fullgraph=True, backend=counter)
-        return wrappers[step]
-
     torch._dynamo.reset()
-    monkeypatch.setattr(crf.compile, "compiled", compiled)
+    monkeypatch.setattr(kernels.compile, "BACKEND", counter)
+    monkeypatch.setattr(kernels.compile, "_FAILED", set())
     yield counter
     torch._dynamo.reset()
 
