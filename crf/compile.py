@@ -27,24 +27,21 @@ import torch
 
 from crf.errors import ConfigError
 from kernels.compile import CompileMode, compiled
+from kernels.compile import check_mode as _check_mode
+from kernels.compile import should_compile as _should_compile
 from kernels.compile import step_function as _step_function
 
 __all__ = ["CompileMode", "check_mode", "compiled", "should_compile", "step_function"]
 
 
 def check_mode(mode: CompileMode) -> CompileMode:
-    """Validate a ``compile=`` option: True, False or "auto"."""
-    if mode is not True and mode is not False and mode != "auto":
-        raise ConfigError(f"compile must be True, False or 'auto', got {mode!r}")
-    return mode
+    """Validate a ``compile=`` option: True, False or "auto" (else ConfigError)."""
+    return _check_mode(mode, ConfigError)
 
 
 def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = False) -> bool:
     """Resolve ``compile=``: "auto" is on for CUDA and ``cpu_default`` (measured) elsewhere."""
-    check_mode(mode)
-    if mode == "auto":
-        return device.type == "cuda" or cpu_default
-    return bool(mode)
+    return _should_compile(mode, device, cpu_default, ConfigError)
 
 
 def step_function(step: Callable, use_compiled: bool) -> Callable:

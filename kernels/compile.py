@@ -39,16 +39,19 @@ _COMPILE_ERRORS = tuple(
 )
 
 
-def check_mode(mode: CompileMode) -> CompileMode:
-    """Validate a `compile=` option: True, False or "auto"."""
+def check_mode(mode: CompileMode, error: type[Exception] = ValueError) -> CompileMode:
+    """Validate a `compile=` option: True, False or "auto" (else raise `error`)."""
     if not (mode is True or mode is False or mode == "auto"):
-        raise ValueError(f"compile must be True, False or 'auto', got {mode!r}")
+        raise error(f"compile must be True, False or 'auto', got {mode!r}")
     return mode
 
 
-def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = False) -> bool:
+def should_compile(
+    mode: CompileMode, device: torch.device, cpu_default: bool = False,
+    error: type[Exception] = ValueError,
+) -> bool:  # fmt: skip
     """Resolve `compile=`: "auto" is on for CUDA and `cpu_default` (measured) on CPU."""
-    check_mode(mode)
+    check_mode(mode, error)
     if mode == "auto":
         return device.type == "cuda" or cpu_default
     return bool(mode)
