@@ -2,7 +2,7 @@
 
     python benchmarks/vnncomp.py --bench acasxu --timeout-scale 0.05
 
-Writes `benchmarks/results/vnncomp_<bench>.csv` (network,property,result,seconds),
+Writes `benchmarks/results/vnncomp_<bench>[_<tag>].csv` (network,property,result,seconds),
 `vnncomp_<bench>.json` (settings, counts, rows, contradictions with the known answers) and
 `vnncomp_<bench>.png` (cactus plot). "sat" answers carry a counterexample validated in float64
 by construction; "unsat" answers on instances known to be violated are listed as contradictions.
@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cactus import plot
 from benchmarks.common import DATA, RESULTS, write_json
+from verify.bab import SPLITTINGS
 from verify.cli import run_all, summary
 
 # ACAS Xu instances violated in VNN-COMP 2022 that are known independently of our tool
@@ -40,15 +41,19 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["result"] == "unsat" and (r["network"], r["property"]) in known]
 
 
-def run(bench: str, scale: float, limit: int | None, method: str) -> dict:
+def run(
+    bench: str, scale: float, limit: int | None, method: str, splitting: str, tag: str = ""
+) -> dict:
+    name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
     args = argparse.Namespace(
         instances=folder / "instances.csv",
         root=folder,
-        out=RESULTS / f"vnncomp_{bench}.csv",
+        out=RESULTS / f"{name}.csv",
         limit=limit,
         timeout_scale=scale,
         method=method,
+        splitting=splitting,
         device="cpu",
     )
     start = time.monotonic()
@@ -57,6 +62,7 @@ def run(bench: str, scale: float, limit: int | None, method: str) -> dict:
         "benchmark": bench,
         "timeout_scale": scale,
         "method": method,
+        "splitting": splitting,
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
         "counts": dict(Counter(r["result"] for r in rows)),
@@ -64,8 +70,8 @@ def run(bench: str, scale: float, limit: int | None, method: str) -> dict:
         "contradictions": contradictions(bench, rows),
         "rows": rows,
     }
-    write_json(f"vnncomp_{bench}.json", payload)
-    plot({f"{bench} x{scale}": rows}, RESULTS / f"vnncomp_{bench}.png", title=bench)
+    write_json(f"{name}.json", payload)
+    plot({f"{bench} x{scale}": rows}, RESULTS / f"{name}.png", title=bench)
     return payload
 
 
@@ -81,13 +87,16 @@ def main() -> None:
     parser.add_argument("--bench", nargs="+", default=["acasxu"], choices=["acasxu", "mnist_fc"])
     parser.add_argument("--timeout-scale", type=float, default=1.0)
     parser.add_argument("--limit", type=int)
-    parser.add_argument("--method", default="crown")
+    parser.add_argument("--method", default="crown", help="bound method of input splitting")
+    parser.add_argument("--splitting", default="auto", choices=SPLITTINGS)
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
     torch.set_num_threads(1)
     for bench in args.bench:
-        payload = run(bench, args.timeout_scale, args.limit, args.method)
+        tag = f"_{args.tag}" if args.tag else ""
+        payload = run(bench, args.timeout_scale, args.limit, args.method, args.splitting, tag)
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])
         print("contradictions with known answers:", payload["contradictions"] or "none")

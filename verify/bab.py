@@ -1,4 +1,5 @@
-"""Branch and bound with input splitting over batches of boxes (one VNN-LIB region).
+"""Branch and bound on one VNN-LIB region: input splitting over batches of boxes (here), or
+ReLU splitting (`verify/relu_bab.py`); `solve_region` picks one by the number of inputs.
 
 Each step pops the open domains with the smallest margin (best-first: the likeliest to hold a
 counterexample), splits each in two along one input dimension, bounds all children with one
@@ -15,14 +16,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bounds.types import Budget
 from verify.api import bounds
 from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd, validate, violation
+from verify.bab_common import (
+    BatchSizer,
+    DeadlineReachedError,
+    RegionOutcome,
+    is_out_of_memory,
+    outward_box,
+)
+from verify.relu_bab import ReluBab, ReluSplitConfig, relu_only
 from verify.vnnlib import Region
+
+__all__ = ["BabConfig", "BatchSizer", "Domains", "RegionBab", "RegionOutcome", "solve_region"]
+
+SPLITTINGS = ("auto", "input", "relu")
 
 TRIAL_SCORES = {
     "max": lambda margins: margins.amax(dim=1),
@@ -43,7 +55,11 @@ class BabConfig:
     nearly prunes one half); attack_every: seconds between PGD runs on the attack_domains
     worst open domains; corner_domains: open domains whose corners are tried (inputs of at most
     6 dimensions); max_domains: open domains beyond which the answer is "unknown";
-    prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding)."""
+    prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding).
+    splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
+    inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
+    ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
+    are input-splitting settings; the rest is shared)."""
 
     method: str = "crown"
     strong_method: str | None = "alpha-crown"
@@ -63,6 +79,9 @@ class BabConfig:
     attack: AttackConfig = field(default_factory=lambda: AttackConfig(restarts=32, steps=30))
     max_domains: int = 2_000_000
     prune_tol: float = 1e-5
+    splitting: str = "auto"
+    input_split_max_dims: int = 12
+    relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
 
     def __post_init__(self) -> None:
         if self.branching not in ("smear", "widest"):
@@ -73,20 +92,8 @@ class BabConfig:
             raise ValueError("need 1 <= min_batch <= batch_size <= max_batch")
         if self.strong_depth < 0 or self.attack_every < 0 or self.prune_tol < 0:
             raise ValueError("strong_depth, attack_every and prune_tol must be >= 0")
-
-
-class DeadlineReachedError(Exception):
-    """Raised between bound computations once the deadline has passed."""
-
-
-@dataclass
-class RegionOutcome:
-    """status: "unsat" (every domain pruned), "sat" (validated counterexample `(x, y)`),
-    "timeout" (deadline reached) or "unknown" (domain limit reached)."""
-
-    status: str
-    counterexample: tuple[Tensor, Tensor] | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
+        if self.splitting not in SPLITTINGS:
+            raise ValueError(f"splitting must be one of {SPLITTINGS}, got {self.splitting!r}")
 
 
 @dataclass
@@ -117,54 +124,6 @@ class Domains:
     @staticmethod
     def cat(parts: list[Domains]) -> Domains:
         return Domains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
-
-
-class BatchSizer:
-    """Domains per step: hill-climbs over powers of two on the measured seconds per domain of a
-    whole step (bounds and attacks); halves on out-of-memory; never more than the time left
-    allows."""
-
-    def __init__(self, config: BabConfig) -> None:
-        self.size, self.low, self.high = config.batch_size, config.min_batch, config.max_batch
-        self.cost: dict[int, float] = {}
-
-    def record(self, size: int, seconds: float) -> None:
-        if size < self.size:
-            return
-        per, key = seconds / size, self.size
-        old = self.cost.get(key)
-        self.cost[key] = per if old is None else 0.7 * old + 0.3 * per
-        best = min(self.cost, key=self.cost.get)
-        up = min(best * 2, self.high)
-        self.size = up if up not in self.cost else best
-
-    def seed(self, seconds_per_domain: float) -> None:
-        """A pessimistic first cost (one unbatched domain) so the first steps fit the deadline."""
-        self.cost.setdefault(self.size, seconds_per_domain)
-
-    def shrink(self) -> None:
-        self.size = self.high = max(1, self.size // 2)
-        self.low = min(self.low, self.size)
-        self.cost = {k: v for k, v in self.cost.items() if k <= self.size}
-
-    def allowed(self, seconds_left: float) -> int:
-        """How many domains fit in 30% of the time left (at least 1)."""
-        if not self.cost:
-            return self.size
-        per = max(self.cost.values())
-        return int(max(1, min(self.size, 0.3 * seconds_left / per)))
-
-
-def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The region's box `[1, n_in]` in `dtype`, rounded outwards so that it contains the exact
-    (float64) box."""
-    exact = [
-        torch.tensor(np.asarray(a), dtype=torch.float64)[None] for a in (region.lower, region.upper)
-    ]
-    lower, upper = (t.to(dtype) for t in exact)
-    lower = torch.where(lower.double() > exact[0], torch.nextafter(lower, lower - 1), lower)
-    upper = torch.where(upper.double() < exact[1], torch.nextafter(upper, upper + 1), upper)
-    return lower, upper
 
 
 class RegionBab:
@@ -254,7 +213,7 @@ class RegionBab:
             try:
                 out.append(self._call_bounds(lower[chunk], upper[chunk], strong))
             except RuntimeError as error:
-                if "out of memory" not in str(error).lower() or self.sizer.size == 1:
+                if not is_out_of_memory(error) or self.sizer.size == 1:
                     raise
                 self.sizer.shrink()
                 continue
@@ -389,5 +348,21 @@ class RegionBab:
 def solve_region(
     net: nn.Module, region: Region, deadline: float, config: BabConfig | None = None, seed: int = 0
 ) -> RegionOutcome:
-    """Branch and bound on `region` until `deadline` (`time.monotonic()` seconds)."""
-    return RegionBab(net, region, config or BabConfig(), seed).run(deadline)
+    """Branch and bound on `region` until `deadline` (`time.monotonic()` seconds), splitting
+    inputs or ReLUs as `config.splitting` says (see `splitting_mode`)."""
+    config = config or BabConfig()
+    if splitting_mode(net, region, config) == "relu":
+        return ReluBab(net, region, config).run(deadline)
+    return RegionBab(net, region, config, seed).run(deadline)
+
+
+def splitting_mode(net: nn.Module, region: Region, config: BabConfig) -> str:
+    """The splitting mode, "input" or "relu": `config.splitting` unless "auto", which splits
+    inputs when there are at most `config.input_split_max_dims` of them (a few input splits
+    tighten bounds a lot there) or when the network has other activations than ReLU, and ReLUs
+    otherwise."""
+    if config.splitting != "auto":
+        return config.splitting
+    if len(region.lower) <= config.input_split_max_dims or not relu_only(net, len(region.lower)):
+        return "input"
+    return "relu"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from verify.bab import SPLITTINGS
 from verify.onnx_loader import load_onnx
 from verify.verifier import STATUSES, VerificationResult, verify
 
@@ -30,7 +31,13 @@ def resolve(root: Path, name: str) -> Path:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="crown", help="bound method per domain (crown)")
+    parser.add_argument("--method", default="crown", help="bound method per input-split domain")
+    parser.add_argument(
+        "--splitting",
+        choices=SPLITTINGS,
+        default="auto",
+        help="branch on inputs, on ReLUs, or auto: inputs for small input dimensions (auto)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     parser.add_argument("--device", default="cpu", help="torch device of the network (cpu)")
 
@@ -61,7 +68,7 @@ def load_network(path: Path, device: str) -> torch.nn.Module:
 def run_one(args: argparse.Namespace) -> VerificationResult:
     network, prop = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
     net = load_network(network, args.device)
-    result = verify(net, prop, timeout=args.timeout, method=args.method)
+    result = verify(net, prop, timeout=args.timeout, method=args.method, splitting=args.splitting)
     if args.results_file is not None:
         args.results_file.write_text(result.results_text())
     return result
@@ -87,7 +94,10 @@ def run_all(args: argparse.Namespace, out=None) -> list[dict]:
         if net_path not in nets:
             nets[net_path] = load_network(net_path, args.device)
         budget = timeout * args.timeout_scale - (time.monotonic() - start)
-        result = verify(nets[net_path], prop_path, timeout=budget, method=args.method)
+        result = verify(
+            nets[net_path], prop_path, timeout=budget, method=args.method,
+            splitting=getattr(args, "splitting", "auto"),
+        )  # fmt: skip
         seconds = time.monotonic() - start
         rows.append(dict(network=net_name, property=prop_name, result=result.status,
                          seconds=round(seconds, 3)))  # fmt: skip

@@ -1,4 +1,5 @@
-"""`verify.verify`: decide a VNN-LIB property by attack, then input-splitting branch and bound.
+"""`verify.verify`: decide a VNN-LIB property by attack, then branch and bound (input splitting
+for few inputs, ReLU splitting otherwise; see `verify.bab.splitting_mode`).
 
 Answers: "unsat" (the property holds: every region's domains were pruned by sound bounds),
 "sat" (a counterexample validated by a float64 forward pass), "timeout" (the time limit came
@@ -75,17 +76,22 @@ def verify(
     timeout: float = 60.0,
     method: str = "crown",
     config: BabConfig | None = None,
+    splitting: str | None = None,
     seed: int = 0,
 ) -> VerificationResult:
     """Decide `spec` on `net` within `timeout` seconds (the budget starts at the call).
 
-    `method`: the bound method for every domain (`config.method` is replaced by it; the rest
-    of `config` defaults to `BabConfig()`). The network runs in its own dtype and device;
+    `method`: the bound method for every domain of input splitting (`config.method` is
+    replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting bounds its
+    domains by alpha-beta-CROWN. `splitting`: "auto", "input" or "relu" (replaces
+    `config.splitting` when given). The network runs in its own dtype and device;
     counterexamples are checked in float64 on the CPU.
     """
     start = time.monotonic()
     deadline = start + timeout
     config = replace(config or BabConfig(), method=method)
+    if splitting is not None:
+        config = replace(config, splitting=splitting)
     stats: dict[str, Any] = {"regions": []}
     status, found = "unknown", None
     try:

@@ -1,0 +1,251 @@
+"""Bounds on ReLU-split domains: alpha-beta-CROWN with fixed intermediate bounds (Wang et al.,
+NeurIPS 2021, "Beta-CROWN: efficient bound propagation with per-neuron split constraints",
+Sec. 3.1, Thm. 3.1).
+
+A domain fixes some ReLUs: split `s_j = +1` means `xh_j >= 0` (active), `s_j = -1` means
+`xh_j <= 0` (inactive), `s_j = 0` free. On the domain, for every `beta >= 0`,
+
+    c . f(x) >= c . f(x) - sum_j beta_j s_j xh_j,
+
+and the right side is lower-bounded by one CROWN backward pass over the relaxation whose
+intervals are clamped by the splits (`l_j = max(l_j, 0)` active, `u_j = min(u_j, 0)`
+inactive): the Lagrangian term only adds `-beta s` to the functional reaching each
+pre-activation node. Every `alpha` in [0, 1] and `beta >= 0` gives a valid bound; Adam ascends
+it (projected), and the best bound per spec over the iterations is kept. The intervals are given
+(e.g. the root's, clamped): they are never recomputed here, so a bound costs one backward pass.
+
+`backward` also returns the functional's coefficients at every activation output (`lambda`,
+the inputs of branching scores such as BaBSR) and at the input (whose box minimiser is the
+primal point of the bound).
+
+Shapes: `N` domains, `S` specs; the box is `[1 or N, *input_shape]`; `C [N, S, n_out]`;
+intervals and splits per pre-activation node `[N, *shape]`; `alpha`, `beta` per activation node
+`[N, S, *shape]`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bounds.graph import Graph
+from bounds.methods.crown import concretize
+from bounds.ops import ActivationOp
+from bounds.types import Interval
+
+
+@dataclass(frozen=True)
+class BetaCrownConfig:
+    """iterations: Adam steps (0: one pass with the given slopes); lr_alpha, lr_beta: Adam's
+    steps for the slopes and the split multipliers; tolerance: stop when the summed bound
+    improved by less than this (relative) over the last `check_every` iterations."""
+
+    iterations: int = 20
+    lr_alpha: float = 0.1
+    lr_beta: float = 0.05
+    check_every: int = 5
+    tolerance: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if self.iterations < 0 or self.check_every < 1 or self.tolerance < 0:
+            raise ValueError("need iterations >= 0, check_every >= 1 and tolerance >= 0")
+        if not (self.lr_alpha > 0 and self.lr_beta > 0):
+            raise ValueError("learning rates must be > 0")
+
+
+@dataclass(frozen=True)
+class SplitBackward:
+    """One backward pass: `lower [N, S]` bounds of `C . y`; `act_coeffs` per activation node
+    the functional on its output `[N, S, *shape]`; `input_coeff [N, S, *input_shape]`."""
+
+    lower: Tensor
+    act_coeffs: dict[str, Tensor]
+    input_coeff: Tensor
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """`lower [N, S]`: the best bound per spec over the iterations; `alpha`, `beta`: the last
+    iterates (copies), to warm-start children: the optimisation then continues from generation
+    to generation (measured: much better than restarting children from the best iterate, whose
+    neighbourhood the first Adam steps leave and rarely regain within a few steps); `last`: the
+    backward pass of those iterates; `iterations` run."""
+
+    lower: Tensor
+    alpha: dict[str, Tensor]
+    beta: dict[str, Tensor]
+    last: SplitBackward
+    iterations: int
+
+
+def relu_nodes(graph: Graph) -> list[tuple[str, str]]:
+    """`(activation, pre-activation)` node names in topological order; only ReLU networks are
+    supported by split bounds."""
+    pairs = []
+    for node in graph.activations():
+        if node.op.relaxation.name != "relu":
+            raise NotImplementedError(f"ReLU splitting needs ReLU activations, got {node.name!r}")
+        pairs.append((node.name, node.inputs[0]))
+    return pairs
+
+
+def split_intervals(base: dict[str, Interval], splits: dict[str, Tensor]) -> dict[str, Interval]:
+    """`base` intervals (`[1 or N, *shape]`) clamped by the splits `[N, *shape]`: lower 0 for
+    active neurons, upper 0 for inactive ones (valid on the domain: that is its definition)."""
+    out = {}
+    for name, split in splits.items():
+        iv = base[name]
+        lower = torch.where(split > 0, iv.lower.clamp(min=0), iv.lower)
+        upper = torch.where(split < 0, iv.upper.clamp(max=0), iv.upper)
+        out[name] = Interval(lower, upper)
+    return out
+
+
+def backward(
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    intervals: dict[str, Interval],
+    splits: dict[str, Tensor],
+    alpha: dict[str, Tensor] | None = None,
+    beta: dict[str, Tensor] | None = None,
+) -> SplitBackward:
+    """Lower bounds of `C . y` on each split domain (see the module docstring). `intervals`
+    must already be clamped by `splits` (`split_intervals`); `alpha` None: CROWN's adaptive
+    slopes; `beta` None: zero."""
+    pending: dict[str, Tensor] = {graph.output.name: C.reshape(*C.shape[:2], *graph.output.shape)}
+    total = C.new_zeros(C.shape[:2])
+    act_coeffs: dict[str, Tensor] = {}
+    input_coeff = C.new_zeros(*C.shape[:2], *graph.input.shape)
+    for node in reversed(graph.nodes):
+        coeff = pending.pop(node.name, None)
+        if coeff is None:
+            continue
+        if node.op is None:
+            total = total + concretize(coeff, box)
+            input_coeff = coeff
+            continue
+        if isinstance(node.op, ActivationOp):
+            act_coeffs[node.name] = coeff
+            pre = node.inputs[0]
+            slopes = None if alpha is None else alpha.get(node.name)
+            coeff, bias = _relax(node, coeff, intervals[pre], slopes)
+            if beta is not None and node.name in beta:
+                coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)
+            parts = (coeff,)
+        else:
+            bias = node.op.bias_term(coeff)
+            parts = node.op.vjp(coeff)
+        total = total + bias
+        for name, part in zip(node.inputs, parts):
+            pending[name] = pending[name] + part if name in pending else part
+    return SplitBackward(total, act_coeffs, input_coeff)
+
+
+def _relax(node, coeff: Tensor, pre: Interval, alpha: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The ReLU replaced by its lower line where `coeff >= 0`, its upper line elsewhere."""
+    lower, upper = pre.lower.unsqueeze(1), pre.upper.unsqueeze(1)
+    lines = node.op.relaxation.linear_bounds(lower, upper, alpha)
+    pos, neg = coeff.clamp(min=0), coeff.clamp(max=0)
+    new = pos * lines.lower_slope + neg * lines.upper_slope
+    bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
+    return new, bias
+
+
+def minimiser(input_coeff: Tensor, box: Interval) -> Tensor:
+    """`[N, S, *input_shape]`: per spec the box corner minimising the input functional."""
+    lower, upper = box.lower.unsqueeze(1), box.upper.unsqueeze(1)
+    return torch.where(input_coeff >= 0, lower, upper)
+
+
+def default_alpha(graph: Graph, intervals: dict[str, Interval], specs: int) -> dict[str, Tensor]:
+    """CROWN's adaptive slopes, one copy per spec: `[N, S, *shape]` per activation."""
+    out = {}
+    for act, pre in relu_nodes(graph):
+        iv = intervals[pre]
+        alpha = graph[act].op.relaxation.default_alpha(iv.lower, iv.upper).unsqueeze(1)
+        out[act] = alpha.expand(alpha.shape[0], specs, *alpha.shape[2:]).clone()
+    return out
+
+
+class _Adam:
+    """Adam (Kingma and Ba, 2015; betas 0.9, 0.999) on a list of tensors, each with its own
+    step and projection (alpha onto [0, 1], beta onto [0, inf))."""
+
+    def __init__(self, params: list[Tensor], lrs: list[float], highs: list[float | None]):
+        self.params, self.lrs, self.highs = params, lrs, highs
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self, grads: tuple[Tensor, ...]) -> None:
+        """Descent on the loss (ascent on the bound), then projection."""
+        self.t += 1
+        c1, c2 = 1 - 0.9**self.t, 1 - 0.999**self.t
+        for p, g, m, v, lr, high in zip(self.params, grads, self.m, self.v, self.lrs, self.highs):
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            p.sub_(lr * (m / c1) / ((v / c2).sqrt() + 1e-8)).clamp_(0.0, high)
+
+
+def optimise(
+    graph: Graph,
+    box: Interval,
+    C: Tensor,
+    intervals: dict[str, Interval],
+    splits: dict[str, Tensor],
+    alpha: dict[str, Tensor],
+    beta: dict[str, Tensor],
+    config: BetaCrownConfig,
+    *,
+    target: Tensor | None = None,
+    deadline: float | None = None,
+) -> SplitResult:
+    """Best lower bounds of `C . y` over `config.iterations` Adam steps on `alpha` (in [0, 1])
+    and `beta` (>= 0, only split neurons matter), starting from the given ones (copied).
+
+    `target [N, S]`: stop once every domain has some spec whose bound exceeds its target;
+    `deadline` (`time.monotonic()`): stop after the iteration that passes it. Any iterate's
+    bound is valid, so an early stop only loosens the result."""
+    alpha = {k: v.detach().clone().requires_grad_(True) for k, v in alpha.items()}
+    beta = {k: v.detach().clone().requires_grad_(True) for k, v in beta.items()}
+    params = list(alpha.values()) + list(beta.values())
+    lrs = [config.lr_alpha] * len(alpha) + [config.lr_beta] * len(beta)
+    adam = _Adam(params, lrs, [1.0] * len(alpha) + [None] * len(beta))
+    best, last_check, it = None, None, 0
+    for it in range(config.iterations + 1):
+        with torch.enable_grad():
+            last = backward(graph, box, C, intervals, splits, alpha, beta)
+        value = last.lower.detach()
+        best = value if best is None else torch.maximum(best, value)
+        if it == config.iterations or not params or _done(best, target, deadline):
+            break
+        if it and it % config.check_every == 0:
+            total = best.sum()
+            if last_check is not None and total - last_check <= config.tolerance * (
+                1 + last_check.abs()
+            ):
+                break
+            last_check = total
+        grads = torch.autograd.grad(-last.lower.sum(), params, allow_unused=True)
+        adam.step(tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)))
+    return SplitResult(best, _detached(alpha), _detached(beta), _detached_pass(last), it)
+
+
+def _detached(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def _detached_pass(result: SplitBackward) -> SplitBackward:
+    coeffs = {k: v.detach() for k, v in result.act_coeffs.items()}
+    return SplitBackward(result.lower.detach(), coeffs, result.input_coeff.detach())
+
+
+def _done(best: Tensor, target: Tensor | None, deadline: float | None) -> bool:
+    if deadline is not None and time.monotonic() > deadline:
+        return True
+    return target is not None and bool((best > target).any(dim=1).all())

@@ -1,0 +1,320 @@
+"""ReLU-splitting branch and bound: agreement with the exact MILP on tiny nets, soundness of the
+split bounds on their halves (sampling), never "unsat" on a violated region, time limits,
+out-of-memory batches, the choice of the splitting mode."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import verify
+import verify.verifier as verifier
+from bounds.methods import beta_crown
+from bounds.methods.crown import crown
+from bounds.types import Interval
+from verify.attack import UnsafeSpec, violation
+from verify.bab import BabConfig, solve_region, splitting_mode
+from verify.bab_common import DeadlineReachedError
+from verify.branching import babsr_scores, branchable
+from verify.cli import build_parser
+from verify.relu_bab import ReluBab, ReluDomains, ReluSplitConfig
+from verify.vnnlib import Polytope, Region, VnnlibProperty
+
+RELU = BabConfig(splitting="relu")
+
+
+def mlp(sizes: list[int], seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.ReLU()]
+    return nn.Sequential(*layers[:-1]).eval()
+
+
+def milp_minima(net: nn.Module, region: Region, rows: np.ndarray) -> np.ndarray:
+    """The exact minimum of each `rows [k, n_out]` `. y` over the region's box (float64 MILP)."""
+    twin = copy.deepcopy(net).double()
+    lower, upper = (torch.tensor(a)[None] for a in (region.lower, region.upper))
+    C = torch.tensor(rows)[None]
+    return verify.bounds(twin, lower=lower, upper=upper, C=C, method="milp").lower[0].numpy()
+
+
+@functools.cache
+def milp_case(seed: int) -> tuple[nn.Module, Region, np.ndarray, float]:
+    """A net, its box, one output row `c` and the exact minimum of `c . y` over the box."""
+    gen = np.random.default_rng(300 + seed)
+    sizes = [5, 16, 16, 2] if seed % 2 else [4, 12, 12, 12, 2]
+    net = mlp(sizes, seed)
+    lower = gen.uniform(-1, 0, sizes[0])
+    row = gen.normal(size=sizes[-1])
+    box = Region(lower, lower + 1, ())
+    return net, box, row, float(milp_minima(net, box, row[None])[0])
+
+
+@pytest.mark.parametrize("seed", [1, 3, 5])
+@pytest.mark.parametrize("truth", ["sat", "unsat"])
+def test_agrees_with_the_exact_milp(seed, truth, monkeypatch):
+    """`c y <= b` with `b` 1% above (sat) or below (unsat) the MILP minimum; the root attack is
+    off, so branch and bound must prove or find the counterexample itself."""
+    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
+    net, box, row, minimum = milp_case(seed)
+    offset = 0.01 * (1 + abs(minimum)) * (1 if truth == "sat" else -1)
+    poly = Polytope(row[None], np.array([minimum + offset]))
+    prop = VnnlibProperty(
+        "<milp>", len(box.lower), len(row), (Region(box.lower, box.upper, (poly,)),)
+    )
+    result = verify.verify(net, prop, timeout=10, splitting="relu")
+    assert result.status == truth, (seed, result.status, truth, result.stats)
+
+
+def test_disjunction_of_multi_row_polytopes_matches_the_milp():
+    """Two polytopes of two rows each (the unsafe set is their union). unsat: every row's `b`
+    is 5% under its MILP minimum; sat: one row of the second polytope 5% above its minimum and
+    the other row never binding."""
+    net = mlp([6, 16, 16, 4], 3)
+    gen = np.random.default_rng(9)
+    lower = gen.uniform(-1, 0, 6)
+    box = Region(lower, lower + 1, ())
+    rows = gen.normal(size=(4, 4))
+    minima = milp_minima(net, box, rows)
+    scale = 0.05 * (1 + np.abs(minima))
+    loose = minima - scale
+    loose_sat = loose.copy()
+    loose_sat[2], loose_sat[3] = minima[2] + scale[2], 1e6
+    for b, truth in ((loose, "unsat"), (loose_sat, "sat")):
+        polys = (Polytope(rows[:2], b[:2]), Polytope(rows[2:], b[2:]))
+        prop = VnnlibProperty("<or>", 6, 4, (Region(box.lower, box.upper, polys),))
+        result = verify.verify(net, prop, timeout=10, splitting="relu")
+        assert result.status == truth, (truth, result.stats)
+
+
+def random_domains(runner: ReluBab, n: int, depth: int, seed: int) -> ReluDomains:
+    """`n` domains from the runner's root with `depth` splits of random ambiguous neurons, the
+    signs taken from the activation pattern of a random point of the box (so that no domain
+    is empty)."""
+    gen = torch.Generator().manual_seed(seed)
+    roots, _ = runner._root()
+    parent = roots.take(torch.zeros(n, dtype=torch.long))
+    box = runner.box
+    x = box.lower + torch.rand(n, *box.lower.shape[1:], generator=gen) * (box.upper - box.lower)
+    values = runner.graph.forward(x, all_values=True)
+    pattern = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1) >= 0
+    splits = parent.splits.clone()
+    for _ in range(depth):
+        flat = runner._flat_intervals(splits)
+        mask = branchable(flat.lower, flat.upper, splits).float() + 1e-9
+        pick = torch.multinomial(mask, 1, generator=gen).flatten()
+        rows = torch.arange(n)
+        splits[rows, pick] = pattern[rows, pick].to(torch.int8) * 2 - 1
+    fields = (parent.alpha, parent.beta, parent.poly, parent.rows, parent.margin)
+    return ReluDomains(splits, *fields, parent.depth + depth)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_split_bounds_are_sound_on_their_domains(seed):
+    """Sampled inputs that satisfy a domain's split constraints never go below its bound."""
+    net = mlp([3, 12, 12, 2], seed)
+    region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, RELU)
+    domains = random_domains(runner, 16, depth=4, seed=seed)
+    bounded, _ = runner._bound(domains, iterations=20)
+    x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    values = runner.graph.forward(x, all_values=True)
+    pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)  # [X, n]
+    y = (values[runner.graph.output.name] @ runner.spec.C.T - runner.spec.b)[:, 0]
+    checked = 0
+    for i in range(len(bounded)):
+        s = bounded.splits[i].float()
+        inside = ((pre * s) >= 0).all(dim=1)
+        if inside.any():
+            checked += 1
+            assert y[inside].min() >= bounded.rows[i, 0] - 1e-4, (i, seed)
+    assert checked == len(bounded)
+
+
+def test_beta_crown_without_splits_is_crown():
+    net = mlp([4, 10, 10, 3], 1)
+    graph = verify.network_graph(net, (4,))
+    box = Interval(-torch.ones(1, 4), torch.ones(1, 4))
+    C = torch.randn(1, 2, 3, generator=torch.Generator().manual_seed(0))
+    want, _, intervals = crown(graph, box, C)
+    pres = graph.pre_activation_names()
+    splits = {p: torch.zeros(1, *graph[p].shape, dtype=torch.int8) for p in pres}
+    got = beta_crown.backward(graph, box, C, beta_crown.split_intervals(intervals, splits), splits)
+    assert torch.allclose(got.lower, want, atol=1e-5)
+
+
+def test_fully_split_domain_is_exact_with_optimised_multipliers():
+    """All ambiguous neurons split on a tiny net: the bound approaches the domain's minimum."""
+    net = mlp([2, 6, 2], 4)
+    region = Region(-np.ones(2), np.ones(2), (Polytope(np.array([[1.0, 0.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, RELU)
+    roots, _ = runner._root()
+    flat = runner._flat_intervals(roots.splits)
+    ambiguous = branchable(flat.lower, flat.upper, roots.splits)[0].nonzero().flatten()
+    assert len(ambiguous) >= 2
+    grid = torch.stack(torch.meshgrid(*[torch.linspace(-1, 1, 401)] * 2, indexing="ij"), -1)
+    x = grid.reshape(-1, 2)
+    values = runner.graph.forward(x, all_values=True)
+    pre = values[runner.layout.pres[0]]
+    pattern = (pre[:, ambiguous] >= 0).to(torch.int8) * 2 - 1
+    split = pattern[0]  # the activation pattern of one corner: a non-empty domain
+    inside = (pattern == split).all(dim=1)
+    splits = roots.splits.clone()
+    splits[0, ambiguous] = split
+    domain = ReluDomains(splits, roots.alpha, roots.beta, roots.poly, roots.rows, roots.margin,
+                         roots.depth)  # fmt: skip
+    bounded, _ = runner._bound(domain, iterations=400)
+    truth = float(values[runner.graph.output.name][inside, 0].min())
+    assert bounded.rows[0, 0] <= truth + 1e-5
+    assert bounded.rows[0, 0] >= truth - 0.02 * (1 + abs(truth))
+
+
+def test_children_start_at_their_parents_bound_where_the_lower_line_was_used():
+    """`_with_split`'s multipliers reproduce the parent's functional for a neuron whose
+    coefficient is >= 0 (lower line, no intercept): both children's one-pass bounds equal the
+    parent's."""
+    net = mlp([4, 16, 16, 2], 2)
+    region = Region(-np.ones(4), np.ones(4), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, RELU)
+    parent = random_domains(runner, 1, depth=3, seed=2)
+    parent = runner._bound(parent, iterations=10)[0]
+    C = runner.spec.C[runner.rows_of[parent.poly]]
+    before = runner._one_pass(parent.splits, parent.alpha, parent.beta, C).lower
+    lam = runner._coefficients(parent)
+    flat = runner._flat_intervals(parent.splits)
+    usable = branchable(flat.lower, flat.upper, parent.splits)[0] & (lam[0, 0] > 0)
+    assert usable.any()
+    for neuron in usable.nonzero().flatten()[:5]:
+        children = runner._split(parent, neuron.reshape(1), lam)
+        C2 = runner.spec.C[runner.rows_of[children.poly]]
+        after = runner._one_pass(children.splits, children.alpha, children.beta, C2).lower
+        assert torch.allclose(after, before.expand_as(after), atol=1e-5), (neuron, after, before)
+
+
+@pytest.mark.parametrize("branching", ["babsr", "fsb"])
+def test_both_branchings_prove_an_unsat_case(branching, monkeypatch):
+    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
+    net, box, row, minimum = milp_case(3)
+    poly = Polytope(row[None], np.array([minimum - 0.01 * (1 + abs(minimum))]))
+    prop = VnnlibProperty(
+        "<milp>", len(box.lower), len(row), (Region(box.lower, box.upper, (poly,)),)
+    )
+    config = BabConfig(splitting="relu", relu=ReluSplitConfig(branching=branching))
+    result = verify.verify(net, prop, timeout=10, config=config)
+    assert result.status == "unsat" and result.stats["regions"][0]["domains"] > 3
+
+
+def test_cli_accepts_the_splitting_mode():
+    args = build_parser().parse_args(["run", "n.onnx", "p.vnnlib", "--timeout", "1",
+                                      "--splitting", "relu"])  # fmt: skip
+    assert args.splitting == "relu"
+    assert build_parser().parse_args(["run", "n", "p", "--timeout", "1"]).splitting == "auto"
+
+
+def test_babsr_scores_only_ambiguous_free_neurons():
+    lower = torch.tensor([[-1.0, 0.5, -2.0, -1.0]])
+    upper = torch.tensor([[1.0, 1.0, -0.5, 3.0]])
+    splits = torch.tensor([[0, 0, 0, 1]], dtype=torch.int8)
+    mask = branchable(lower, upper, splits)
+    assert mask.tolist() == [[True, False, False, False]]
+    lam = torch.tensor([[-2.0, 1.0, 1.0, 1.0]])
+    score, gain = babsr_scores(lam, lower, upper, torch.zeros(4), mask)
+    # intercept gain: min(lam, 0) u l / (u - l) = -2 * (1 * -1) / 2 = 1
+    assert gain[0, 0] == pytest.approx(1.0) and score[0, 0] == pytest.approx(1.0)
+    assert torch.isinf(score[0, 1:]).all()
+
+
+def barely_violated(net: nn.Module, n_in: int, seed: int) -> Region:
+    """`y_0 - y_1 <= b` with `b` 0.01 above the minimum of 20000 samples: violated."""
+    x = torch.rand(20_000, n_in, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    with torch.no_grad():
+        y = net(x)
+    row = np.array([[1.0, -1.0]])
+    value = float((y[:, 0] - y[:, 1]).min()) + 0.01
+    return Region(-np.ones(n_in), np.ones(n_in), (Polytope(row, np.array([value])),))
+
+
+def test_pruning_alone_never_proves_a_violated_region(monkeypatch):
+    monkeypatch.setattr(ReluBab, "_try_points", lambda self, points: None)
+    monkeypatch.setattr(ReluBab, "_pgd", lambda self: None)
+    for seed in range(4):
+        net = mlp([3, 16, 16, 2], seed)
+        region = barely_violated(net, 3, seed)
+        outcome = solve_region(net, region, time.monotonic() + 0.5, RELU)
+        assert outcome.status in ("timeout", "unknown"), (seed, outcome.stats)
+
+
+def hard_instance() -> tuple[nn.Module, VnnlibProperty]:
+    net = mlp([12, 64, 64, 64, 2], 7)
+    region = barely_violated(net, 12, 0)
+    shifted = Polytope(region.unsafe[0].A, region.unsafe[0].b - 0.3)
+    return net, VnnlibProperty("<hard>", 12, 2, (Region(region.lower, region.upper, (shifted,)),))
+
+
+def test_time_limit_is_honoured():
+    net, prop = hard_instance()
+    for timeout in (0.5, 2.0):
+        start = time.monotonic()
+        result = verify.verify(net, prop, timeout=timeout, splitting="relu")
+        elapsed = time.monotonic() - start
+        assert elapsed < timeout + 0.5, (timeout, elapsed, result.status)
+
+
+def test_deadline_is_checked_between_chunks():
+    net, prop = hard_instance()
+    runner = ReluBab(net, prop.regions[0], RELU)
+    domains = random_domains(runner, 4, depth=1, seed=0)
+    runner.deadline = time.monotonic() - 1
+    with pytest.raises(DeadlineReachedError):
+        runner._bound(domains, iterations=5)
+
+
+def test_out_of_memory_halves_the_batch(monkeypatch):
+    net = mlp([3, 12, 12, 2], 0)
+    region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, BabConfig(splitting="relu", batch_size=64, max_batch=64))
+    domains = random_domains(runner, 40, depth=2, seed=1)
+    want, _ = runner._bound(domains, iterations=0)
+    real, sizes = ReluBab._bound_chunk, []
+
+    def limited(self, chunk, iterations):
+        sizes.append(len(chunk))
+        if len(chunk) > 8:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, chunk, iterations)
+
+    monkeypatch.setattr(ReluBab, "_bound_chunk", limited)
+    got, _ = runner._bound(domains, iterations=0)
+    assert torch.allclose(got.rows, want.rows)
+    assert sizes[0] == 40 and runner.sizer.size == 8 and max(sizes[-3:]) <= 8
+
+
+def test_splitting_mode_follows_the_input_size_unless_forced():
+    small, large = mlp([5, 8, 2], 0), mlp([40, 8, 2], 0)
+    poly = (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),)
+    r5, r40 = (Region(-np.ones(n), np.ones(n), poly) for n in (5, 40))
+    assert splitting_mode(small, r5, BabConfig()) == "input"
+    assert splitting_mode(large, r40, BabConfig()) == "relu"
+    assert splitting_mode(large, r40, BabConfig(splitting="input")) == "input"
+    assert splitting_mode(small, r5, BabConfig(splitting="relu")) == "relu"
+    with pytest.raises(ValueError, match="splitting"):
+        BabConfig(splitting="neurons")
+
+
+def test_counterexamples_are_validated():
+    net = mlp([6, 16, 16, 2], 5)
+    region = barely_violated(net, 6, 1)
+    prop = VnnlibProperty("<sat>", 6, 2, (region,))
+    result = verify.verify(net, prop, timeout=10, splitting="relu")
+    assert result.status == "sat"
+    x, y = result.counterexample
+    spec = UnsafeSpec.of(region, torch.float64)
+    assert float(violation(y[None], spec)[0]) <= 0
+    assert (x >= torch.tensor(region.lower)).all() and (x <= torch.tensor(region.upper)).all()

@@ -1,0 +1,88 @@
+"""Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the outcome of
+one region, the deadline exception, the adaptive batch size and the outward-rounded root box."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from verify.vnnlib import Region
+
+
+class BatchLimits(Protocol):
+    """The batch-size fields of `BabConfig`."""
+
+    batch_size: int
+    min_batch: int
+    max_batch: int
+
+
+class DeadlineReachedError(Exception):
+    """Raised between bound computations once the deadline has passed."""
+
+
+@dataclass
+class RegionOutcome:
+    """status: "unsat" (every domain pruned), "sat" (validated counterexample `(x, y)`),
+    "timeout" (deadline reached) or "unknown" (domain limit reached, or domains that could not
+    be split further and were not proven)."""
+
+    status: str
+    counterexample: tuple[Tensor, Tensor] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchSizer:
+    """Domains per step: hill-climbs over powers of two on the measured seconds per domain of a
+    whole step (bounds and attacks); halves on out-of-memory; never more than the time left
+    allows."""
+
+    def __init__(self, config: BatchLimits) -> None:
+        self.size, self.low, self.high = config.batch_size, config.min_batch, config.max_batch
+        self.cost: dict[int, float] = {}
+
+    def record(self, size: int, seconds: float) -> None:
+        if size < self.size:
+            return
+        per, key = seconds / size, self.size
+        old = self.cost.get(key)
+        self.cost[key] = per if old is None else 0.7 * old + 0.3 * per
+        best = min(self.cost, key=self.cost.get)
+        up = min(best * 2, self.high)
+        self.size = up if up not in self.cost else best
+
+    def seed(self, seconds_per_domain: float) -> None:
+        """A pessimistic first cost (one unbatched domain) so the first steps fit the deadline."""
+        self.cost.setdefault(self.size, seconds_per_domain)
+
+    def shrink(self) -> None:
+        self.size = self.high = max(1, self.size // 2)
+        self.low = min(self.low, self.size)
+        self.cost = {k: v for k, v in self.cost.items() if k <= self.size}
+
+    def allowed(self, seconds_left: float) -> int:
+        """How many domains fit in 30% of the time left (at least 1)."""
+        if not self.cost:
+            return self.size
+        per = max(self.cost.values())
+        return int(max(1, min(self.size, 0.3 * seconds_left / per)))
+
+
+def is_out_of_memory(error: RuntimeError) -> bool:
+    return "out of memory" in str(error).lower()
+
+
+def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The region's box `[1, n_in]` in `dtype`, rounded outwards so that it contains the exact
+    (float64) box."""
+    exact = [
+        torch.tensor(np.asarray(a), dtype=torch.float64)[None] for a in (region.lower, region.upper)
+    ]
+    lower, upper = (t.to(dtype) for t in exact)
+    lower = torch.where(lower.double() > exact[0], torch.nextafter(lower, lower - 1), lower)
+    upper = torch.where(upper.double() < exact[1], torch.nextafter(upper, upper + 1), upper)
+    return lower, upper

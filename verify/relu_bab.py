@@ -1,0 +1,512 @@
+"""Branch and bound with ReLU splitting over batches of domains (one VNN-LIB region).
+
+A domain is the region's input box, one unsafe polytope to exclude, and an assignment of some
+ReLUs to active (`xh >= 0`) or inactive (`xh <= 0`). It is bounded by alpha-beta-CROWN
+(`bounds/methods/beta_crown.py`: the split constraints enter both the intervals, `l = 0` for
+active and `u = 0` for inactive neurons, and the bound through their Lagrange multipliers
+`beta`) with the intermediate bounds of the root (alpha-CROWN-tightened, clamped by the
+domain's splits), so one bound costs one backward pass per Adam step. Children continue their
+parent's optimisation: its last slopes `alpha` and multipliers `beta`, the new split's `beta`
+chosen so that the child's functional equals the parent's where that is possible (see
+`ReluBab._with_split`), and a child's bound is never reported below its parent's (valid on the
+child, which is a subset).
+
+Each step pops the open domains of smallest margin (best-first), picks one ambiguous neuron per
+domain (BaBSR, or FSB: the best of the top candidates of BaBSR and of the intercept score,
+judged by both children's one-pass bounds), bounds both children, prunes those whose bound
+excludes their polytope, tries the open children's primal points (the box minimisers of their
+bounds) as counterexamples, runs PGD from the worst ones now and then, and keeps the rest (Bunel
+et al. 2020, JMLR; Wang et al. 2021, beta-CROWN; De Palma et al. 2021, FSB). The region holds
+when no domain is left; a domain with no neuron left to split that its bound cannot exclude
+makes the answer "unknown", never "unsat".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bounds.errors import UnsupportedOperationError
+from bounds.methods import beta_crown
+from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.beta_crown import BetaCrownConfig, SplitResult, relu_nodes
+from bounds.methods.crown import crown_intervals
+from bounds.types import Budget, Interval
+from verify.api import network_graph
+from verify.attack import UnsafeSpec, pgd, validate, violation
+from verify.bab_common import (
+    BatchSizer,
+    DeadlineReachedError,
+    RegionOutcome,
+    is_out_of_memory,
+    outward_box,
+)
+from verify.branching import (
+    Layout,
+    babsr_scores,
+    branchable,
+    candidates,
+    flat_intervals,
+    pre_biases,
+)
+from verify.vnnlib import Region
+
+BRANCHINGS = ("babsr", "fsb")
+
+
+@dataclass(frozen=True)
+class ReluSplitConfig:
+    """branching: "babsr" or "fsb" (the top fsb_candidates of BaBSR and of the intercept score,
+    each judged by its two children's one-pass bounds); root_iterations: Adam steps on the
+    root's slopes; intermediate_iterations: alpha-CROWN steps tightening the root's intermediate
+    bounds (0: CROWN's), within intermediate_share of the time left; iterations: Adam steps per
+    child batch (warm-started from the parent); lr_alpha, lr_beta: Adam's steps; final_iterations:
+    Adam steps for a domain with nothing left to split; max_memory_gb: the open domains' slopes
+    and multipliers beyond which the answer is "unknown" (with `BabConfig.max_domains`).
+    Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20)."""
+
+    branching: str = "fsb"
+    fsb_candidates: int = 3
+    root_iterations: int = 50
+    intermediate_iterations: int = 20
+    intermediate_share: float = 0.2
+    iterations: int = 5
+    lr_alpha: float = 0.1
+    lr_beta: float = 0.05
+    final_iterations: int = 300
+    max_memory_gb: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.branching not in BRANCHINGS:
+            raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
+        if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
+            raise ValueError("need fsb_candidates >= 1 and 0 <= intermediate_share <= 1")
+        counts = (self.root_iterations, self.intermediate_iterations, self.iterations)
+        if min(*counts, self.final_iterations) < 0 or not (self.lr_alpha > 0 and self.lr_beta > 0):
+            raise ValueError("iteration counts must be >= 0 and learning rates > 0")
+        if not self.max_memory_gb > 0:
+            raise ValueError("max_memory_gb must be > 0")
+
+    def bound_config(self, iterations: int) -> BetaCrownConfig:
+        return BetaCrownConfig(iterations=iterations, lr_alpha=self.lr_alpha, lr_beta=self.lr_beta)
+
+
+def relu_only(net: nn.Module, n_inputs: int) -> bool:
+    """Whether every activation of `net` is a ReLU (so ReLU splitting applies)."""
+    shape = tuple(getattr(net, "input_shape", None) or (n_inputs,))
+    try:
+        relu_nodes(network_graph(net, shape))
+    except (NotImplementedError, UnsupportedOperationError):
+        return False
+    return True
+
+
+@dataclass
+class ReluDomains:
+    """Open domains, flat over the ReLU neurons (`Layout`): `splits [N, n]` int8 (+1 active,
+    -1 inactive, 0 free); `alpha`, `beta [N, r, n]`; `poly [N]` the unsafe polytope to exclude;
+    `rows [N, r]` lower bounds of its rows' `C y - b` (padded by repeating a row); `margin [N]`
+    the best row minus its tolerance (> 0: excluded); `depth [N]` the number of splits."""
+
+    splits: Tensor
+    alpha: Tensor
+    beta: Tensor
+    poly: Tensor
+    rows: Tensor
+    margin: Tensor
+    depth: Tensor
+
+    def __len__(self) -> int:
+        return self.splits.shape[0]
+
+    def _fields(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def take(self, index: Tensor) -> ReluDomains:
+        return ReluDomains(*(t[index] for t in self._fields()))
+
+    def pop(self, n: int) -> tuple[ReluDomains, ReluDomains]:
+        """The `n` domains of smallest margin, and the rest."""
+        order = self.margin.argsort()
+        return self.take(order[:n]), self.take(order[n:])
+
+    def open(self) -> ReluDomains:
+        return self.take((self.margin <= 0).nonzero().flatten())
+
+    @staticmethod
+    def cat(parts: list[ReluDomains]) -> ReluDomains:
+        return ReluDomains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
+
+
+class ReluBab:
+    """ReLU-splitting branch and bound on one region; `run(deadline)` returns a
+    `RegionOutcome`. `config` is a `verify.bab.BabConfig` (its `relu` field holds the
+    ReLU-splitting settings; batch sizes, attacks, `max_domains` and `prune_tol` are shared)."""
+
+    def __init__(self, net: nn.Module, region: Region, config: Any):
+        self.net, self.region, self.config, self.settings = net, region, config, config.relu
+        self.shape = tuple(getattr(net, "input_shape", None) or (len(region.lower),))
+        param = next(net.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        graph = network_graph(net, self.shape)
+        self.graph = graph.to(self.dtype, self.device) if self.device.type != "cpu" else graph
+        self.layout = Layout.of(self.graph, relu_nodes(self.graph))
+        box = (t.to(self.device).reshape(1, *self.shape) for t in outward_box(region, self.dtype))
+        self.box = Interval(*box)
+        self.spec = UnsafeSpec.of(region, self.dtype, self.device)
+        self.tol = config.prune_tol * (1 + self.spec.b.abs())  # per row
+        self.rows_of = self._polytope_rows()  # [P, r] row indices, padded by repetition
+        scale = float(self.spec.b.abs().max()) if self.spec.b.numel() else 0.0
+        self.value_tol = 1e-4 * (1 + scale)  # float32 values this close to 0 are re-checked
+        self.bias = pre_biases(self.graph, self.layout, self.box.lower)
+        self.base = Interval(self.box.lower, self.box.upper)  # flat root intervals, set by _root
+        self.sizer = BatchSizer(config)
+        self.max_open = self._max_open()
+        self.deadline = float("inf")
+        self.worst: tuple[Tensor, Tensor] | None = None  # primal points, polytopes of the worst
+        self.stats: dict[str, Any] = {"mode": "relu", "domains": 0, "batches": 0, "max_open": 0}
+        self.stats |= {"max_depth": 0, "attacks": 0, "unsplittable": 0}
+        self.stats |= {"root_seconds": 0.0, "branch_seconds": 0.0, "attack_seconds": 0.0}
+
+    def _max_open(self) -> int:
+        """Open domains allowed: `max_domains`, and `max_memory_gb` of slopes and multipliers."""
+        rows = 1 if self.rows_of is None else self.rows_of.shape[1]
+        size = self.box.lower.element_size()
+        per_domain = self.layout.total * (2 * rows * size + 1) + rows * size + 32
+        return int(min(self.config.max_domains, self.settings.max_memory_gb * 1e9 / per_domain))
+
+    def _polytope_rows(self) -> Tensor | None:
+        """`[P, r]` the row indices of each polytope, padded by repeating its first row (None
+        when some polytope has no rows)."""
+        owner = self.spec.owner
+        index = [(owner == p).nonzero().flatten() for p in range(self.spec.n_polytopes)]
+        if not index or not all(len(i) for i in index):
+            return None
+        r = max(len(i) for i in index)
+        return torch.stack([torch.cat([i, i[:1].repeat(r - len(i))]) for i in index])
+
+    def run(self, deadline: float) -> RegionOutcome:
+        self.deadline = deadline
+        try:
+            return self._search()
+        except DeadlineReachedError:
+            return RegionOutcome("timeout", None, self.stats)
+
+    def _search(self) -> RegionOutcome:
+        if not self.region.unsafe:
+            return RegionOutcome("unsat", None, self.stats)
+        if self.rows_of is None:  # a polytope without rows: every point of the box is unsafe
+            found = validate(self.net, self.region, self.box.center)
+            return RegionOutcome("sat" if found else "unknown", found, self.stats)
+        tick = time.perf_counter()
+        open_, found = self._root()
+        self.stats["root_seconds"] = round(time.perf_counter() - tick, 3)
+        if found is not None:
+            return RegionOutcome("sat", found, self.stats)
+        last_attack = start = time.monotonic()
+        while len(open_):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                return RegionOutcome("timeout", None, self.stats)
+            if len(open_) > self.max_open:
+                return RegionOutcome("unknown", None, self.stats)
+            parents, rest = open_.pop(max(1, self.sizer.allowed(left) // 2))
+            tick = time.perf_counter()
+            children, found = self._step(parents)
+            if found is None and self._attack_due(last_attack, start):
+                tick_attack = time.monotonic()
+                found, last_attack = self._pgd(), time.monotonic()
+                self.stats["attack_seconds"] += last_attack - tick_attack
+            if found is not None:
+                return RegionOutcome("sat", found, self.stats)
+            self.sizer.record(2 * len(parents), time.perf_counter() - tick)
+            open_ = ReluDomains.cat([rest, children])
+            self.stats["max_open"] = max(self.stats["max_open"], len(open_))
+        status = "unknown" if self.stats["unsplittable"] else "unsat"
+        return RegionOutcome(status, None, self.stats)
+
+    # ----- the root -----
+
+    def _root(self) -> tuple[ReluDomains, tuple[Tensor, Tensor] | None]:
+        """The open root domains (one per polytope the root bound does not exclude) and a
+        validated counterexample among the root's primal points, if any."""
+        intervals = crown_intervals(self.graph, self.box)
+        self.base = flat_intervals(intervals, self.layout)
+        tick = time.perf_counter()
+        lower, alpha, points = self._root_bound()
+        settings, m = self.settings, self.spec.C.shape[0]
+        per_pass = (time.perf_counter() - tick) / (m * (settings.root_iterations + 1))
+        self.sizer.seed(per_pass * (settings.iterations + 1))  # a child: one row, fewer steps
+        found = self._try_points(points)
+        if found is None and not self._excluded(lower).all() and self._tighten(intervals):
+            lower, alpha, points = self._root_bound(alpha)
+            found = self._try_points(points)
+        excluded = self._excluded(lower)
+        keep = (~excluded).nonzero().flatten()
+        rows = self.rows_of[keep]  # [K, r]
+        alpha = alpha[0, rows]  # [K, r, n]
+        splits = torch.zeros(len(keep), self.layout.total, dtype=torch.int8, device=self.device)
+        values = lower[0, rows] - self.spec.b[rows]
+        margin = (values - self.tol[rows]).amax(1)
+        depth = torch.zeros(len(keep), dtype=torch.long, device=self.device)
+        roots = ReluDomains(splits, alpha, torch.zeros_like(alpha), keep, values, margin, depth)
+        return roots, found
+
+    def _root_bound(self, alpha: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Root bounds of every row `[1, m]`, the slopes `[1, m, n]` and the primal points."""
+        m = self.spec.C.shape[0]
+        splits = torch.zeros(1, self.layout.total, dtype=torch.int8, device=self.device)
+        if alpha is None:
+            views = beta_crown.default_alpha(self.graph, self._intervals(splits), m)
+            alpha = self.layout.flatten(views, self.layout.acts)
+        result = self._optimise(
+            splits, alpha, torch.zeros_like(alpha), self.spec.C.unsqueeze(0), None,
+            self.settings.root_iterations,
+        )  # fmt: skip
+        self.stats["domains"] += 1
+        points = beta_crown.minimiser(result.last.input_coeff, self.box)[0]
+        return result.lower, self.layout.flatten(result.alpha, self.layout.acts), points
+
+    def _excluded(self, lower: Tensor) -> Tensor:
+        """`[P]` bool: some row of each polytope has its root bound `lower [1, m]` above
+        `b + tol`."""
+        above = lower[0] - self.spec.b > self.tol
+        return above[self.rows_of].any(dim=1)
+
+    def _tighten(self, intervals: dict[str, Interval]) -> bool:
+        """Tighten the root's intermediate bounds by alpha-CROWN, within its share of the time
+        left; False when switched off."""
+        iterations, share = self.settings.intermediate_iterations, self.settings.intermediate_share
+        left = self.deadline - time.monotonic()
+        if iterations == 0 or share == 0 or left <= 0:
+            return False
+        config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=True)
+        C = self.spec.C.unsqueeze(0)
+        budget = Budget(seconds=max(1e-3, share * left))
+        tightened = alpha_crown(self.graph, self.box, C, config, budget, intervals=intervals)[2]
+        new = flat_intervals(tightened, self.layout)
+        lower = torch.maximum(self.base.lower, new.lower)
+        self.base = Interval(lower, torch.minimum(self.base.upper, new.upper))
+        return True
+
+    # ----- bounding -----
+
+    def _intervals(self, splits: Tensor) -> dict[str, Interval]:
+        """Per pre-activation node the root intervals clamped by `splits [N, n]`."""
+        flat = self._flat_intervals(splits)
+        lower = self.layout.views(flat.lower, self.layout.pres)
+        upper = self.layout.views(flat.upper, self.layout.pres)
+        return {p: Interval(lower[p], upper[p]) for p in self.layout.pres}
+
+    def _flat_intervals(self, splits: Tensor) -> Interval:
+        base = self.base
+        lower = torch.where(splits > 0, base.lower.clamp(min=0), base.lower)
+        upper = torch.where(splits < 0, base.upper.clamp(max=0), base.upper)
+        return Interval(lower, upper)
+
+    def _optimise(self, splits, alpha, beta, C, target, iterations: int) -> SplitResult:
+        """alpha-beta-CROWN on the domains `splits [N, n]` from `alpha`, `beta [N, S, n]`."""
+        layout = self.layout
+        return beta_crown.optimise(
+            self.graph, self.box, C, self._intervals(splits), layout.views(splits, layout.pres),
+            layout.views(alpha, layout.acts), layout.views(beta, layout.acts),
+            self.settings.bound_config(iterations), target=target, deadline=self.deadline,
+        )  # fmt: skip
+
+    def _bound(self, domains: ReluDomains, iterations: int) -> tuple[ReluDomains, Tensor]:
+        """`domains` with fresh bounds (never below their `rows`, which must be valid on them,
+        e.g. the parent's), slopes and multipliers, and their primal points
+        `[N, r, *input_shape]`; in chunks of the batch size (halved on out-of-memory), checking
+        the deadline between chunks."""
+        parts, points, start = [], [], 0
+        while start < len(domains):
+            if time.monotonic() >= self.deadline:
+                raise DeadlineReachedError
+            chunk = domains.take(torch.arange(start, min(start + self.sizer.size, len(domains))))
+            try:
+                bounded, found = self._bound_chunk(chunk, iterations)
+            except RuntimeError as error:
+                if not is_out_of_memory(error) or self.sizer.size == 1:
+                    raise
+                self.sizer.shrink()
+                continue
+            parts.append(bounded)
+            points.append(found)
+            start += len(chunk)
+        self.stats["domains"] += len(domains)
+        return ReluDomains.cat(parts), torch.cat(points)
+
+    def _bound_chunk(self, d: ReluDomains, iterations: int) -> tuple[ReluDomains, Tensor]:
+        rows = self.rows_of[d.poly]  # [N, r]
+        b, tol = self.spec.b[rows], self.tol[rows]
+        C = self.spec.C[rows]  # [N, r, n_out]
+        result = self._optimise(d.splits, d.alpha, d.beta, C, b + tol, iterations)
+        values = torch.maximum(result.lower - b, d.rows)  # the parent's bounds hold here too
+        alpha = self.layout.flatten(result.alpha, self.layout.acts)
+        beta = self.layout.flatten(result.beta, self.layout.acts)
+        margin = (values - tol).amax(1)
+        self.stats["batches"] += 1
+        bounded = ReluDomains(d.splits, alpha, beta, d.poly, values, margin, d.depth)
+        return bounded, beta_crown.minimiser(result.last.input_coeff, self.box)
+
+    # ----- branching -----
+
+    def _step(self, parents: ReluDomains) -> tuple[ReluDomains, tuple[Tensor, Tensor] | None]:
+        """Split each parent on its chosen neuron, bound the children; returns the open
+        children and a validated counterexample if one was found. Parents with nothing left to
+        split get a long optimisation instead; those still open are counted as unsplittable."""
+        tick = time.perf_counter()
+        choice, lam = self._decide(parents)
+        self.stats["branch_seconds"] += time.perf_counter() - tick
+        stuck = choice < 0
+        found = None
+        if stuck.any():
+            found = self._finish(parents.take(stuck.nonzero().flatten()))
+            keep = (~stuck).nonzero().flatten()
+            parents, choice, lam = parents.take(keep), choice[keep], lam[keep]
+        if not len(parents) or found is not None:
+            return parents.take(torch.arange(0)), found
+        children, points = self._bound(self._split(parents, choice, lam), self.settings.iterations)
+        self.stats["max_depth"] = max(self.stats["max_depth"], int(children.depth.max()))
+        is_open = (children.margin <= 0).nonzero().flatten()
+        children, points = children.take(is_open), points[is_open]
+        worst = children.margin.argsort()[: self.config.attack_domains]
+        self.worst = (points[worst, 0], children.poly[worst])
+        return children, self._try_points(points.flatten(0, 1))
+
+    def _finish(self, stuck: ReluDomains) -> tuple[Tensor, Tensor] | None:
+        """Domains with no neuron left to split: a long optimisation (their relaxation is exact
+        for the optimal multipliers); those left open are counted, never proven."""
+        bounded, points = self._bound(stuck, self.settings.final_iterations)
+        is_open = (bounded.margin <= 0).nonzero().flatten()
+        self.stats["unsplittable"] += len(is_open)
+        return self._try_points(points[is_open].flatten(0, 1)) if len(is_open) else None
+
+    def _split(self, parents: ReluDomains, choice: Tensor, lam: Tensor) -> ReluDomains:
+        """Two children per parent (active ones first), warm-started from the parent
+        (`lam [N, r, n]`: the parent's coefficients at the ReLU outputs, see `_with_split`)."""
+        two = lambda t: torch.cat([t, t])  # noqa: E731
+        n = len(parents)
+        sign = torch.ones(2 * n, dtype=torch.int8, device=self.device)
+        sign[n:] = -1
+        splits, beta = self._with_split(
+            two(parents.splits), two(parents.alpha), two(parents.beta), two(lam), two(choice), sign
+        )
+        return ReluDomains(
+            splits, two(parents.alpha), beta, two(parents.poly), two(parents.rows),
+            two(parents.margin), two(parents.depth) + 1,
+        )  # fmt: skip
+
+    @staticmethod
+    def _with_split(splits, alpha, beta, lam, neuron, sign) -> tuple[Tensor, Tensor]:
+        """Copies of `splits [M, n]` and `beta [M, r, n]` with `neuron [M]` split to `sign [M]`.
+        The new multiplier makes the child's functional equal to the parent's where the parent
+        used the lower line `alpha xh` (`lam >= 0`): the coefficient reaching `xh` is then
+        `lam - beta = lam alpha` (active: `beta = lam (1 - alpha)`) or `beta = lam alpha`
+        (inactive), so the child's one-pass bound is at least the parent's; elsewhere 0."""
+        rows = torch.arange(len(neuron), device=neuron.device)
+        splits, beta = splits.clone(), beta.clone()
+        splits[rows, neuron] = sign
+        lam_j = lam[rows, :, neuron].clamp(min=0)  # [M, r]
+        alpha_j = alpha[rows, :, neuron].clamp(0, 1)
+        active = (sign > 0).unsqueeze(1)
+        beta[rows, :, neuron] = torch.where(active, lam_j * (1 - alpha_j), lam_j * alpha_j)
+        return splits, beta
+
+    def _decide(self, parents: ReluDomains) -> tuple[Tensor, Tensor]:
+        """`[N]` the flat neuron to split per parent (-1: none left), and the parents'
+        coefficients at the ReLU outputs `[N, r, n]`."""
+        flat = self._flat_intervals(parents.splits)
+        mask = branchable(flat.lower, flat.upper, parents.splits)
+        lam = self._coefficients(parents)
+        best = lam[torch.arange(len(parents), device=self.device), parents.rows.argmax(dim=1)]
+        score, gain = babsr_scores(best, flat.lower, flat.upper, self.bias, mask)
+        if self.settings.branching == "babsr":
+            choice = score.argmax(dim=1)
+        else:
+            cands = candidates((score, gain), self.settings.fsb_candidates)
+            choice = self._fsb(parents, cands, lam)
+        return torch.where(mask.any(dim=1), choice, torch.full_like(choice, -1)), lam
+
+    def _coefficients(self, parents: ReluDomains) -> Tensor:
+        """`[N, r, n]` the coefficients at the ReLU outputs of each parent's rows."""
+        rows = self.rows_of[parents.poly]
+        result = self._one_pass(parents.splits, parents.alpha, parents.beta, self.spec.C[rows])
+        return self.layout.flatten(result.act_coeffs, self.layout.acts)
+
+    def _one_pass(self, splits, alpha, beta, C) -> beta_crown.SplitBackward:
+        layout = self.layout
+        return beta_crown.backward(
+            self.graph, self.box, C, self._intervals(splits), layout.views(splits, layout.pres),
+            layout.views(alpha, layout.acts), layout.views(beta, layout.acts),
+        )  # fmt: skip
+
+    def _fsb(self, parents: ReluDomains, cands: Tensor, lam: Tensor) -> Tensor:
+        """Per parent the candidate (`cands [N, K]` flat neurons) whose worse child has the
+        best one-pass bound margin: the parent's slopes and multipliers, the new split's
+        multiplier 0 (with `_with_split`'s multiplier the one-pass bound of a child equals the
+        parent's wherever `lam >= 0`, which would hide those candidates' gains)."""
+        n, k = cands.shape
+        group = max(1, self.sizer.size // (2 * k))
+        picks = []
+        for start in range(0, n, group):
+            index = torch.arange(start, min(start + group, n), device=self.device)
+            part, cand = parents.take(index), cands[index]
+            g = len(index)
+            rep = torch.arange(g, device=self.device).repeat_interleave(2 * k)
+            neuron = cand.repeat_interleave(2, dim=1).reshape(-1)
+            sign = torch.tensor([1, -1], dtype=torch.int8, device=self.device).repeat(g * k)
+            alpha, beta = part.alpha[rep], part.beta[rep]
+            splits = part.splits[rep]
+            splits[torch.arange(len(rep), device=self.device), neuron] = sign
+            rows = self.rows_of[part.poly[rep]]
+            lower = self._one_pass(splits, alpha, beta, self.spec.C[rows]).lower
+            margin = (lower - self.spec.b[rows] - self.tol[rows]).amax(1)
+            worse = margin.reshape(g, k, 2).amin(dim=2)
+            picks.append(cand[torch.arange(g, device=self.device), worse.argmax(dim=1)])
+        return torch.cat(picks)
+
+    # ----- counterexamples -----
+
+    def _try_points(self, points: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Evaluate `points [M, *input_shape]` (inside the box); validate the best ones."""
+        if not len(points):
+            return None
+        with torch.no_grad():
+            values = violation(self.net(points.reshape(-1, *self.shape)), self.spec)
+        return self._validate_best(points, values)
+
+    def _validate_best(self, points: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
+        for i in values.argsort()[:3].tolist():
+            if values[i] > self.value_tol:
+                return None
+            found = validate(self.net, self.region, points[i : i + 1])
+            if found is not None:
+                return found
+        return None
+
+    def _attack_due(self, last_attack: float, start: float) -> bool:
+        """PGD every `attack_every` seconds, within 10% of the search time."""
+        now = time.monotonic()
+        spent = self.stats["attack_seconds"]
+        return now - last_attack >= self.config.attack_every and spent <= 0.1 * (now - start)
+
+    def _pgd(self) -> tuple[Tensor, Tensor] | None:
+        """PGD over the box towards the polytope of the worst open domain, from the primal
+        points of the worst open domains of that polytope."""
+        if self.worst is None or not len(self.worst[0]):
+            return None
+        self.stats["attacks"] += 1
+        points, poly = self.worst
+        target = poly[0]
+        starts = points[poly == target].reshape(-1, *self.shape)
+        rows = self.rows_of[target]
+        owner = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        spec = UnsafeSpec(self.spec.C[rows], self.spec.b[rows], owner, 1)
+        lower, upper = self.box.lower, self.box.upper
+        found, values = pgd(self.net, lower, upper, spec, starts, self.config.attack.steps)
+        return self._validate_best(found, values)
