@@ -26,6 +26,7 @@ from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
     RegionOutcome,
+    RegionSearch,
     is_out_of_memory,
     outward_box,
 )
@@ -126,7 +127,7 @@ class Domains:
         return Domains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
-class RegionBab:
+class RegionBab(RegionSearch):
     """Branch and bound on one region; `run(deadline)` returns a `RegionOutcome`."""
 
     def __init__(self, net: nn.Module, region: Region, config: BabConfig, seed: int = 0):
@@ -145,13 +146,6 @@ class RegionBab:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats: dict[str, Any] = {"domains": 0, "batches": 0, "max_open": 0, "max_depth": 0}
         self.stats |= {"attacks": 0, "strong_domains": 0}
-
-    def run(self, deadline: float) -> RegionOutcome:
-        self.deadline = deadline
-        try:
-            return self._search()
-        except DeadlineReachedError:
-            return RegionOutcome("timeout", None, self.stats)
 
     def _search(self) -> RegionOutcome:
         deadline = self.deadline

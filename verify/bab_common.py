@@ -25,6 +25,25 @@ class DeadlineReachedError(Exception):
     """Raised between bound computations once the deadline has passed."""
 
 
+class RegionSearch:
+    """Shared entry point of the branch-and-bound searches: `run(deadline)` sets the monotonic
+    deadline and turns `DeadlineReachedError` into a "timeout" outcome; subclasses implement
+    `_search()` and keep `stats`."""
+
+    deadline: float
+    stats: dict
+
+    def run(self, deadline: float) -> RegionOutcome:
+        self.deadline = deadline
+        try:
+            return self._search()
+        except DeadlineReachedError:
+            return RegionOutcome("timeout", None, self.stats)
+
+    def _search(self) -> RegionOutcome:
+        raise NotImplementedError
+
+
 @dataclass
 class RegionOutcome:
     """status: "unsat" (every domain pruned), "sat" (validated counterexample `(x, y)`),

@@ -42,6 +42,7 @@ from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
     RegionOutcome,
+    RegionSearch,
     is_out_of_memory,
     outward_box,
 )
@@ -142,7 +143,7 @@ class ReluDomains:
         return ReluDomains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
-class ReluBab:
+class ReluBab(RegionSearch):
     """ReLU-splitting branch and bound on one region; `run(deadline)` returns a
     `RegionOutcome`. `config` is a `verify.bab.BabConfig` (its `relu` field holds the
     ReLU-splitting settings; batch sizes, attacks, `max_domains` and `prune_tol` are shared)."""
@@ -188,13 +189,6 @@ class ReluBab:
             return None
         r = max(len(i) for i in index)
         return torch.stack([torch.cat([i, i[:1].repeat(r - len(i))]) for i in index])
-
-    def run(self, deadline: float) -> RegionOutcome:
-        self.deadline = deadline
-        try:
-            return self._search()
-        except DeadlineReachedError:
-            return RegionOutcome("timeout", None, self.stats)
 
     def _search(self) -> RegionOutcome:
         if not self.region.unsafe:
