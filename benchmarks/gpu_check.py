@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,7 +136,10 @@ def solver_steps(device: torch.device, size: dict) -> list[dict]:
     return rows
 
 
-def run(device: torch.device, smoke: bool, skip: set[str]) -> list[dict]:
+def run(
+    device: torch.device, smoke: bool, skip: set[str], save: Callable[[list[dict]], None] = lambda rows: None
+) -> list[dict]:
+    """All parts in turn; `save` gets the rows after each part (a run cut short keeps what it did)."""
     size = SMOKE if smoke else FULL
     rows: list[dict] = []
     parts = {
@@ -151,8 +155,11 @@ def run(device: torch.device, smoke: bool, skip: set[str]) -> list[dict]:
         try:
             rows += part()
         except Exception as error:  # a failing part must not hide the others' results
-            rows.append({"part": name, "case": "ERROR", "error": repr(error)[:300], "ok": False})
+            where = traceback.format_exc(limit=-4).replace("\n", " | ")[-1200:]
+            rows.append({"part": name, "case": "ERROR", "error": repr(error)[:300], "where": where,
+                         "ok": False})  # fmt: skip
         print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
+        save(rows)
     return rows
 
 
@@ -189,16 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.smoke:
         parser.error("no CUDA device: use --smoke for the CPU self-test")
-    rows = run(device, args.smoke, set(filter(None, args.skip.split(","))))
     name = "gpu_check_smoke" if args.smoke else "gpu_check"
     header = (f"# python -m benchmarks.gpu_check{' --smoke' if args.smoke else ''} "
               f"({time.strftime('%Y-%m-%d %H:%M')}, {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
               f"torch {torch.__version__})")  # fmt: skip
-    text = header + "\n" + format_rows(rows) + "\n"
-    print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.txt").write_text(text)
-    (args.out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+
+    def save(rows: list[dict]) -> None:
+        (args.out / f"{name}.txt").write_text(header + "\n" + format_rows(rows) + "\n")
+        (args.out / f"{name}.json").write_text(json.dumps(rows, indent=1, default=str))
+
+    rows = run(device, args.smoke, set(filter(None, args.skip.split(","))), save)
+    print(header + "\n" + format_rows(rows))
     return 0 if all(r.get("ok", True) for r in rows) else 1
 
 

@@ -45,7 +45,10 @@ from kernels import backend, crf_updates, lattice_filter
 SIZE, LABELS = 512, 21
 SMOKE_SIZE, SMOKE_LABELS = (9, 11), 3
 TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}  # float32, relative to the reference's scale
-STEP_TOLERANCE = 1e-3  # relative, after a few steps (the LP's level quantisation may flip)
+STEP_TOLERANCE = 1e-3  # relative, after one step from the same state (float32 sums' order)
+# After several steps the states drift apart legitimately where a step quantises (the LP pass
+# maps y to levels: one flipped level moves a whole filtered sum), so `max_rel_err_n` after
+# `iterations` steps is reported but not judged.
 MODES = ("eager-reference", "eager-triton", "compiled")
 ALL_MODES = (*MODES, "compiled-reference")
 
@@ -134,7 +137,7 @@ def _step_row(
     case: Case, mode: str, device: torch.device, iterations: int
 ) -> tuple[dict, tuple[torch.Tensor, ...]]:
     """Time ``case.step`` in one mode: the first call, then ms per step; also returns the
-    state after ``iterations`` steps from the case's start."""
+    states after one and after ``iterations`` steps from the case's start."""
     step = case.step
     if mode.startswith("compiled"):
         torch._dynamo.reset()
@@ -143,6 +146,7 @@ def _step_row(
     state = step(case.state)
     _sync(device)
     first = time.perf_counter() - start
+    one = tuple(state) if isinstance(state, tuple) else (state,)
     for _ in range(iterations - 1):
         state = step(state)
 
@@ -153,7 +157,7 @@ def _step_row(
 
     ms = _time(run_all, device, 1) / iterations
     row = {"kind": "step", "name": case.name, "mode": mode, "ms": ms, "first_s": first}
-    return row, tuple(state) if isinstance(state, tuple) else (state,)
+    return row, one, tuple(state) if isinstance(state, tuple) else (state,)
 
 
 def _backend_for(mode: str, device: torch.device) -> str:
@@ -176,14 +180,15 @@ def step_timings(
                 rows.append({"kind": "step", "name": case.name, "mode": mode, "note": "budget"})
                 continue
             with backend.kernel_backend(_backend_for(mode, device)):
-                row, state = _step_row(case, mode, device, iterations)
-            reference = state if reference is None else reference
-            abs_err, rel_err = _errors(state, reference)
+                row, one, state = _step_row(case, mode, device, iterations)
+            reference = (one, state) if reference is None else reference
+            abs_err, rel_err = _errors(one, reference[0])
             rows.append(
                 {
                     **row,
                     "max_abs_err": abs_err,
                     "max_rel_err": rel_err,
+                    "max_rel_err_n": _errors(state, reference[1])[1],
                     "ok": rel_err <= STEP_TOLERANCE,
                 }
             )

@@ -9,6 +9,7 @@ giving a silently wrong bound.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -111,6 +112,14 @@ def _trace(module: nn.Module) -> fx.GraphModule:
         ) from exc
 
 
+def _on_cpu(module: nn.Module) -> nn.Module:
+    """`module`, or a CPU copy of it when any parameter or buffer lives on another device."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    if all(t.device.type == "cpu" for t in tensors):
+        return module
+    return copy.deepcopy(module).cpu()
+
+
 def _module_dtype(module: nn.Module) -> torch.dtype:
     for tensor in list(module.parameters()) + list(module.buffers()):
         if tensor.is_floating_point():
@@ -143,8 +152,10 @@ def build_graph(module: nn.Module, input_shape: tuple[int, ...]) -> Graph:
     """Convert `module` (inputs `[batch, *input_shape]`) into a `Graph` of BoundOps.
 
     Raises UnsupportedOperationError naming the operation and node for anything we cannot
-    bound, InvalidNetworkError for NaN/Inf or non-constant weights.
+    bound, InvalidNetworkError for NaN/Inf or non-constant weights. The graph's constants are
+    on the CPU whatever the module's device (callers move the graph to their inputs' device).
     """
+    module = _on_cpu(module)
     gm = _trace(module)
     dtype = _module_dtype(module)
     example = torch.rand(EXAMPLE_BATCH, *input_shape, dtype=dtype) * 2 - 1

@@ -75,6 +75,17 @@ def mark_batch_dynamic(tree: Any) -> None:
             torch._dynamo.maybe_mark_dynamic(t, 0)
 
 
+def _malformed(tree: Any) -> bool:
+    """A NamedTuple (at any depth of tuples) with fewer items than fields: seen from compiled
+    steps that used `_replace` on torch 2.11 with CUDA (the steps now call the constructor)."""
+    if not isinstance(tree, tuple):
+        return False
+    fields = getattr(type(tree), "_fields", None)
+    if fields is not None and tuple.__len__(tree) != len(fields):
+        return True
+    return any(_malformed(item) for item in tuple.__iter__(tree))
+
+
 def _tensors(tree: Any):
     if isinstance(tree, torch.Tensor):
         yield tree
@@ -92,6 +103,16 @@ def step_function(step: Callable, use_compiled: bool, dynamic_batch: bool = True
         return step
     fn = compiled(step)
 
+    def fallback(reason: str, args: tuple, kwargs: dict):
+        _FAILED.add(step)
+        warnings.warn(
+            f"torch.compile of {step.__name__} failed ({reason}); running it eagerly from now "
+            "on in this process",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return step(*args, **kwargs)
+
     def run(*args, **kwargs):
         if step in _FAILED:
             return step(*args, **kwargs)
@@ -99,14 +120,10 @@ def step_function(step: Callable, use_compiled: bool, dynamic_batch: bool = True
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 out = fn(*args, **kwargs)
         except _COMPILE_ERRORS as error:
-            _FAILED.add(step)
-            warnings.warn(
-                f"torch.compile of {step.__name__} failed ({type(error).__name__}); running it "
-                "eagerly from now on in this process",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return step(*args, **kwargs)
+            cause = (str(error).strip().splitlines() or [""])[0][:300]
+            return fallback(f"{type(error).__name__}: {cause}", args, kwargs)
+        if _malformed(out):
+            return fallback("it returned a malformed NamedTuple", args, kwargs)
         if dynamic_batch:
             mark_batch_dynamic(out)
         return out

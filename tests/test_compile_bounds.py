@@ -72,6 +72,29 @@ def test_a_failing_compile_falls_back_to_eager_with_a_warning(counter, monkeypat
     torch.testing.assert_close(fallback.lower, eager.lower, rtol=0, atol=0)
 
 
+def test_a_malformed_compiled_state_falls_back_to_eager(monkeypatch):
+    """A compiled step whose NamedTuple output has lost items (torch 2.11 + CUDA with
+    `_replace`) is caught at once: the step reruns eagerly, with a warning."""
+    monkeypatch.setattr(kernels.compile, "_FAILED", set())
+
+    def broken(*args, **kwargs):
+        state = proximal.sweep_step(*args, **kwargs)
+        return tuple.__new__(type(state), tuple(state)[:2])
+
+    monkeypatch.setattr(kernels.compile, "compiled", lambda step: broken)
+    problem = _problem("mlp", 2)
+    state, scale = proximal.initial_state(problem, crown_duals(problem))
+    factor = torch.ones((), dtype=D)
+    step = kernels.compile.step_function(proximal.sweep_step, True)
+    with pytest.warns(RuntimeWarning, match="malformed NamedTuple"):
+        out = step(problem, state, factor, scale)
+    expected = proximal.sweep_step(problem, state, factor, scale)
+    assert len(out) == len(proximal.ProxState._fields)
+    for a, b in zip(out.xhA, expected.xhA):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert proximal.sweep_step in kernels.compile._FAILED
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("solver", ["prox", "supergradient"])
 def test_dual_solvers_compile_once_across_iterations_budgets_and_batches(counter, solver):

@@ -181,7 +181,7 @@ def sweep_step(
         xhB_j, xhA_j = _block_step(p, state, eta, j)
         xhA = (*state.xhA[:j], xhA_j, *state.xhA[j + 1 :])
         xhB = state.xhB if xhB_j is None else (*state.xhB[: j - 1], xhB_j, *state.xhB[j:])
-        state = state._replace(xhA=xhA, xhB=xhB)
+        state = ProxState(xhB, xhA, state.anchor, state.previous, state.best_value, state.best_rho)
     return state
 
 
@@ -196,12 +196,8 @@ def anchor_step(
     improved = value > state.best_value
     best = rho.where(improved, Duals(state.best_rho))
     anchor = rho + (rho - Duals(state.previous)).scale(momentum)
-    return state._replace(
-        anchor=anchor.rho,
-        previous=rho.rho,
-        best_value=torch.where(improved, value, state.best_value),
-        best_rho=best.rho,
-    )
+    best_value = torch.where(improved, value, state.best_value)
+    return ProxState(state.xhB, state.xhA, anchor.rho, rho.rho, best_value, best.rho)
 
 
 def prox_step(
