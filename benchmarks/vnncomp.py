@@ -42,12 +42,14 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 
 
 def run(
-    bench: str, scale: float, limit: int | None, method: str, splitting: str, tag: str = ""
-) -> dict:
+    bench: str, scale: float, limit: int | None, method: str, splitting: str, tag: str = "",
+    prox_sweeps: int = 0, instances: Path | None = None,
+) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
     args = argparse.Namespace(
-        instances=folder / "instances.csv",
+        instances=instances or folder / "instances.csv",
+        prox_sweeps=prox_sweeps,
         root=folder,
         out=RESULTS / f"{name}.csv",
         limit=limit,
@@ -63,6 +65,8 @@ def run(
         "timeout_scale": scale,
         "method": method,
         "splitting": splitting,
+        "prox_sweeps": prox_sweeps,
+        "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
         "counts": dict(Counter(r["result"] for r in rows)),
@@ -90,13 +94,18 @@ def main() -> None:
     parser.add_argument("--method", default="crown", help="bound method of input splitting")
     parser.add_argument("--splitting", default="auto", choices=SPLITTINGS)
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
+    parser.add_argument("--prox-sweeps", type=int, default=0, help="see python -m verify run -h")
+    parser.add_argument("--instances", type=Path, help="a subset CSV (paths as in the bench's)")
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
     torch.set_num_threads(1)
     for bench in args.bench:
         tag = f"_{args.tag}" if args.tag else ""
-        payload = run(bench, args.timeout_scale, args.limit, args.method, args.splitting, tag)
+        payload = run(
+            bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
+            args.prox_sweeps, args.instances,
+        )  # fmt: skip
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])
         print("contradictions with known answers:", payload["contradictions"] or "none")

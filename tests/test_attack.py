@@ -9,6 +9,7 @@ from torch import nn
 
 import verify
 from verify.attack import AttackConfig, UnsafeSpec, min_max, validate, violation
+from verify.bab import BabConfig
 from verify.vnnlib import Polytope, Region, VnnlibProperty
 
 
@@ -106,3 +107,38 @@ def test_a_polytope_without_rows_is_violated_and_no_polytope_holds():
     nothing = VnnlibProperty("<none>", 4, 3, (Region(region.lower, region.upper, ()),))
     assert verify.find_counterexample(net, nothing.regions[0]) is None
     assert verify.verify(net, nothing, timeout=5).status == "unsat"
+
+
+def test_combined_rows_keep_the_polytopes_and_violation():
+    """Midpoints of row pairs (and the mean) are redundant: `violation` is unchanged on random
+    outputs, polytopes of one row or over `max_rows` rows get none."""
+    gen = np.random.default_rng(0)
+    polys = (
+        Polytope(gen.normal(size=(4, 5)), gen.normal(size=4)),
+        Polytope(gen.normal(size=(1, 5)), gen.normal(size=1)),
+        Polytope(gen.normal(size=(8, 5)), gen.normal(size=8)),
+    )
+    spec = UnsafeSpec.of(Region(np.zeros(3), np.ones(3), polys), torch.float64)
+    combined = spec.with_combinations(max_rows=6)
+    assert combined.C.shape[0] == spec.C.shape[0] + 6 + 1  # 4 rows: 6 pairs and the mean
+    assert (combined.owner[spec.C.shape[0]:] == 0).all()
+    y = torch.randn(10_000, 5, dtype=torch.float64) * 3
+    torch.testing.assert_close(violation(y, combined), violation(y, spec), rtol=0, atol=1e-12)
+
+
+def test_combined_rows_exclude_an_empty_polytope_no_single_row_excludes():
+    """y = (x, 0.1 - x) on x in [-1, 1] with the unsafe set {y0 <= 0, y1 <= 0} (x <= 0 and
+    x >= 0.1: empty). Neither row's bound is positive, their midpoint's is (0.05): the root
+    domain is pruned at once."""
+    net = nn.Linear(1, 2).double()
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0], [-1.0]]))
+        net.bias.copy_(torch.tensor([0.0, 0.1]))
+    poly = Polytope(np.eye(2), np.zeros(2))
+    prop = VnnlibProperty("<combo>", 1, 2, (Region(-np.ones(1), np.ones(1), (poly,)),))
+    result = verify.verify(net, prop, timeout=10, splitting="input")
+    assert result.status == "unsat" and result.stats["regions"][0]["domains"] == 1
+    plain = verify.verify(
+        net, prop, timeout=10, config=BabConfig(combine_rows=False, splitting="input")
+    )
+    assert plain.status == "unsat" and plain.stats["regions"][0]["domains"] > 1

@@ -195,7 +195,7 @@ def test_vectorised_pruning_matches_region_proven():
     polys = (Polytope(gen.normal(size=(2, 3)), gen.normal(size=2)),
              Polytope(gen.normal(size=(1, 3)), gen.normal(size=1)))  # fmt: skip
     region = Region(np.zeros(2), np.ones(2), polys)
-    runner = RegionBab(mlp([2, 4, 3], 0), region, BabConfig(prune_tol=0.0))
+    runner = RegionBab(mlp([2, 4, 3], 0), region, BabConfig(prune_tol=0.0, combine_rows=False))
     _, b, owner = region_spec(region, torch.float64)
     lows = torch.tensor(gen.normal(size=(50, 3)))
     rows = (lows - b).to(runner.dtype)
@@ -223,7 +223,22 @@ def test_batch_sizer_grows_to_the_cheaper_size_and_respects_time():
     assert sizer.size == 64
     sizer.record(64, 1.28)  # 20 ms: worse, go back
     assert sizer.size == 32
-    assert sizer.allowed(0.2) == 3  # 30% of 0.2 s at the worst measured 20 ms per domain
+    assert sizer.allowed(0.2) == 6  # 30% of 0.2 s at the current size's 10 ms per domain
+
+
+def test_batch_sizer_counts_steps_a_little_under_its_size():
+    """Input splitting with k trial dimensions bounds 2k children per parent, so a step of
+    size 128 bounds 120 boxes (k = 5): it must still be measured, else the size never moves
+    and the pessimistic first estimate caps the batches for the whole run."""
+    sizer = BatchSizer(BabConfig(batch_size=128, max_batch=1024))
+    sizer.seed(0.05)  # the root: one unbatched domain
+    assert sizer.allowed(10.0) == 60
+    for _ in range(4):
+        n = min(sizer.size, sizer.allowed(10.0)) // 10 * 10  # whole parents of 10 children
+        sizer.record(n, 0.001 * n * (1 - 0.01 * n / 1024))  # ~1 ms per domain, less when bigger
+    assert sizer.size == 1024 and sizer.allowed(10.0) == 1024
+    sizer.record(10, 5.0)  # a tail step: ignored
+    assert sizer.allowed(10.0) == sizer.size
 
 
 def test_the_float32_box_contains_the_exact_box():

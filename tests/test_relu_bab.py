@@ -318,3 +318,54 @@ def test_counterexamples_are_validated():
     spec = UnsafeSpec.of(region, torch.float64)
     assert float(violation(y[None], spec)[0]) <= 0
     assert (x >= torch.tensor(region.lower)).all() and (x <= torch.tensor(region.upper)).all()
+
+
+PROX = ReluSplitConfig(prox_iterations=40)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_prox_bounds_of_split_domains_are_sound_and_below_the_lp(seed):
+    """The proximal stage's bound on a split domain: never above a sampled point that satisfies
+    the splits, nor above the Planet LP (float64) over the same clamped intervals, and at least
+    CROWN's at the domain's slopes (its start)."""
+    net = mlp([3, 12, 12, 2], seed).double()
+    region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, BabConfig(splitting="relu", relu=PROX))
+    domains = random_domains(runner, 8, depth=3, seed=seed)
+    prox = runner._prox(domains)[:, 0]
+    x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    values = runner.graph.forward(x * 2 - 1, all_values=True)
+    pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)
+    y = (values[runner.graph.output.name] @ runner.spec.C.T - runner.spec.b)[:, 0]
+    C = runner.spec.C[None].expand(len(domains), -1, -1)
+    for i in range(len(domains)):
+        inside = ((pre * domains.splits[i].double()) >= 0).all(dim=1)
+        if inside.any():
+            assert y[inside].min() >= prox[i] - 1e-9, i
+    intervals = runner._intervals(domains.splits)
+    lp = verify.bounds(
+        runner.graph, lower=runner.box.lower.expand(len(domains), 3),
+        upper=runner.box.upper.expand(len(domains), 3), C=C, method="lp", node_bounds=intervals,
+    ).lower[:, 0] - runner.spec.b[0]  # fmt: skip
+    assert (prox <= lp + 1e-7).all(), (prox, lp)
+    one_pass = runner._one_pass(domains.splits, domains.alpha, torch.zeros_like(domains.beta), C)
+    start = one_pass.lower[:, 0] - runner.spec.b[0]
+    assert (prox >= start - 1e-9).all()
+    assert (prox > start + 1e-6).any()  # the solver moved
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+@pytest.mark.parametrize("truth", ["sat", "unsat"])
+def test_with_the_prox_stage_agrees_with_the_exact_milp(seed, truth, monkeypatch):
+    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
+    net, box, row, minimum = milp_case(seed)
+    offset = 0.01 * (1 + abs(minimum)) * (1 if truth == "sat" else -1)
+    poly = Polytope(row[None], np.array([minimum + offset]))
+    prop = VnnlibProperty(
+        "<milp>", len(box.lower), len(row), (Region(box.lower, box.upper, (poly,)),)
+    )
+    config = BabConfig(splitting="relu", relu=PROX)
+    result = verify.verify(net, prop, timeout=20, config=config)
+    assert result.status == truth, (seed, result.status, truth, result.stats)
+    if truth == "unsat":
+        assert result.stats["regions"][0].get("prox_domains", 0) > 0

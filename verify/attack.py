@@ -46,6 +46,34 @@ class UnsafeSpec:
         )
 
 
+    def with_combinations(self, max_rows: int = 6) -> UnsafeSpec:
+        """The same polytopes with redundant rows added: for each polytope of 2..max_rows rows
+        the midpoint of every pair of rows and (3+ rows) their mean. A convex combination of
+        `C y <= b` rows holds wherever they all do, so the sets (and `violation`) are unchanged,
+        but a bound can exclude a combination where it excludes no single row: the polytope is
+        then proven empty on that domain (a cheap part of the LP over the rows' multipliers)."""
+        extra_C, extra_b, extra_owner = [], [], []
+        for poly in range(self.n_polytopes):
+            index = (self.owner == poly).nonzero().flatten().tolist()
+            if not 2 <= len(index) <= max_rows:
+                continue
+            groups = [[i, j] for a, i in enumerate(index) for j in index[a + 1 :]]
+            groups += [index] if len(index) >= 3 else []
+            for group in groups:
+                extra_C.append(self.C[group].mean(0))
+                extra_b.append(self.b[group].mean(0))
+                extra_owner.append(poly)
+        if not extra_C:
+            return self
+        owner = torch.tensor(extra_owner, dtype=self.owner.dtype, device=self.owner.device)
+        return UnsafeSpec(
+            torch.cat([self.C, torch.stack(extra_C)]),
+            torch.cat([self.b, torch.stack(extra_b)]),
+            torch.cat([self.owner, owner]),
+            self.n_polytopes,
+        )
+
+
 def min_max(values: Tensor, owner: Tensor, n_polytopes: int) -> Tensor:
     """`values [B, m]` -> `[B]`: min over polytopes of the max over each polytope's rows (a
     polytope without rows gives -inf)."""

@@ -60,7 +60,8 @@ class BabConfig:
     splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
     inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
-    are input-splitting settings; the rest is shared)."""
+    are input-splitting settings; the rest is shared); combine_rows: input splitting also
+    bounds the midpoints of pairs of a polytope's rows (`UnsafeSpec.with_combinations`)."""
 
     method: str = "crown"
     strong_method: str | None = "alpha-crown"
@@ -83,6 +84,7 @@ class BabConfig:
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
+    combine_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.branching not in ("smear", "widest"):
@@ -137,7 +139,8 @@ class RegionBab(RegionSearch):
         self.dtype, self.device = param.dtype, param.device
         self.root = tuple(t.to(self.device) for t in outward_box(region, self.dtype))
         self.k = min(config.trial_dims, self.root[0].shape[1])
-        self.spec = UnsafeSpec.of(region, self.dtype, self.device)
+        spec = UnsafeSpec.of(region, self.dtype, self.device)
+        self.spec = spec.with_combinations() if config.combine_rows else spec
         self.tol = config.prune_tol * (1 + self.spec.b.abs())
         scale = float(self.spec.b.abs().max()) if self.spec.b.numel() else 0.0
         self.value_tol = 1e-4 * (1 + scale)  # float32 values this close to 0 are re-checked

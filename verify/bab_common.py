@@ -63,9 +63,13 @@ class BatchSizer:
     def __init__(self, config: BatchLimits) -> None:
         self.size, self.low, self.high = config.batch_size, config.min_batch, config.max_batch
         self.cost: dict[int, float] = {}
+        self.first: float | None = None  # the seed, until a step is measured
 
     def record(self, size: int, seconds: float) -> None:
-        if size < self.size:
+        """A step of `size` domains took `seconds`: update the cost of the current size and
+        move. A step under half of it (the last few open domains) says nothing about it,
+        except before any measurement (the seed's time cap can make early steps small)."""
+        if 2 * size < self.size and self.cost:
             return
         per, key = seconds / size, self.size
         old = self.cost.get(key)
@@ -76,7 +80,7 @@ class BatchSizer:
 
     def seed(self, seconds_per_domain: float) -> None:
         """A pessimistic first cost (one unbatched domain) so the first steps fit the deadline."""
-        self.cost.setdefault(self.size, seconds_per_domain)
+        self.first = seconds_per_domain
 
     def shrink(self) -> None:
         self.size = self.high = max(1, self.size // 2)
@@ -84,10 +88,15 @@ class BatchSizer:
         self.cost = {k: v for k, v in self.cost.items() if k <= self.size}
 
     def allowed(self, seconds_left: float) -> int:
-        """How many domains fit in 30% of the time left (at least 1)."""
-        if not self.cost:
+        """How many domains fit in 30% of the time left (at least 1), at the cost measured for
+        the current size or, while it has none, for the largest smaller size measured (the
+        deadline is also checked between chunks)."""
+        per = self.first
+        if self.cost:
+            below = [k for k in self.cost if k <= self.size]
+            per = self.cost[max(below)] if below else max(self.cost.values())
+        if per is None:
             return self.size
-        per = max(self.cost.values())
         return int(max(1, min(self.size, 0.3 * seconds_left / per)))
 
 

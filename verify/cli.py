@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from verify.bab import SPLITTINGS
+from verify.bab import SPLITTINGS, BabConfig
+from verify.relu_bab import ReluSplitConfig
 from verify.onnx_loader import load_onnx
 from verify.verifier import STATUSES, VerificationResult, verify
 
@@ -37,6 +38,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         choices=SPLITTINGS,
         default="auto",
         help="branch on inputs, on ReLUs, or auto: inputs for small input dimensions (auto)",
+    )
+    parser.add_argument(
+        "--prox-sweeps",
+        type=int,
+        default=ReluSplitConfig.prox_iterations,
+        help="ReLU splitting: proximal-solver sweeps on the domains alpha-beta-CROWN leaves "
+        f"open (0: off; default {ReluSplitConfig.prox_iterations})",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     parser.add_argument("--device", default="cpu", help="torch device of the network (cpu)")
@@ -65,10 +73,21 @@ def load_network(path: Path, device: str) -> torch.nn.Module:
     return load_onnx(path).to(device).eval()
 
 
+def bab_config(args: argparse.Namespace) -> BabConfig:
+    """The branch-and-bound settings the options change (the rest: defaults)."""
+    sweeps = getattr(args, "prox_sweeps", ReluSplitConfig.prox_iterations)
+    if sweeps < 0:
+        raise SystemExit("--prox-sweeps must be >= 0")
+    return BabConfig(relu=ReluSplitConfig(prox_iterations=sweeps))
+
+
 def run_one(args: argparse.Namespace) -> VerificationResult:
     network, prop = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
     net = load_network(network, args.device)
-    result = verify(net, prop, timeout=args.timeout, method=args.method, splitting=args.splitting)
+    result = verify(
+        net, prop, timeout=args.timeout, method=args.method, splitting=args.splitting,
+        config=bab_config(args),
+    )  # fmt: skip
     if args.results_file is not None:
         args.results_file.write_text(result.results_text())
     return result
@@ -87,7 +106,8 @@ def run_all(args: argparse.Namespace, out=None) -> list[dict]:
     root = args.root or args.instances.parent
     instances = read_instances(args.instances, root, args.limit)
     nets: dict[Path, torch.nn.Module] = {}
-    rows = []
+    rows: list[dict] = []
+    config = bab_config(args)
     for i, (net_name, prop_name, timeout) in enumerate(instances, 1):
         net_path, prop_path = resolve(root, net_name), resolve(root, prop_name)
         start = time.monotonic()
@@ -96,13 +116,14 @@ def run_all(args: argparse.Namespace, out=None) -> list[dict]:
         budget = timeout * args.timeout_scale - (time.monotonic() - start)
         result = verify(
             nets[net_path], prop_path, timeout=budget, method=args.method,
-            splitting=getattr(args, "splitting", "auto"),
+            splitting=getattr(args, "splitting", "auto"), config=config,
         )  # fmt: skip
         seconds = time.monotonic() - start
         rows.append(dict(network=net_name, property=prop_name, result=result.status,
                          seconds=round(seconds, 3)))  # fmt: skip
         print(f"[{i}/{len(instances)}] {net_name} {prop_name}: {result.status} {seconds:.2f} s",
               file=out, flush=True)  # fmt: skip
+        write_rows(args.out, rows)  # after each instance: an interrupted run keeps its rows
     write_rows(args.out, rows)
     print(summary(rows), file=out, flush=True)
     return rows

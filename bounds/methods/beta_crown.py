@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from bounds.graph import Graph
-from bounds.methods.crown import concretize
+from bounds.methods.crown import backward_pass, relax_backward
 from bounds.ops import ActivationOp
 from bounds.types import Interval
 
@@ -116,43 +116,23 @@ def backward(
     """Lower bounds of `C . y` on each split domain (see the module docstring). `intervals`
     must already be clamped by `splits` (`split_intervals`); `alpha` None: CROWN's adaptive
     slopes; `beta` None: zero."""
-    pending: dict[str, Tensor] = {graph.output.name: C.reshape(*C.shape[:2], *graph.output.shape)}
-    total = C.new_zeros(C.shape[:2])
     act_coeffs: dict[str, Tensor] = {}
-    input_coeff = C.new_zeros(*C.shape[:2], *graph.input.shape)
-    for node in reversed(graph.nodes):
-        coeff = pending.pop(node.name, None)
-        if coeff is None:
-            continue
-        if node.op is None:
-            total = total + concretize(coeff, box)
-            input_coeff = coeff
-            continue
-        if isinstance(node.op, ActivationOp):
-            act_coeffs[node.name] = coeff
-            pre = node.inputs[0]
-            slopes = None if alpha is None else alpha.get(node.name)
-            coeff, bias = _relax(node, coeff, intervals[pre], slopes)
-            if beta is not None and node.name in beta:
-                coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)
-            parts = (coeff,)
-        else:
-            bias = node.op.bias_term(coeff)
-            parts = node.op.vjp(coeff)
-        total = total + bias
-        for name, part in zip(node.inputs, parts):
-            pending[name] = pending[name] + part if name in pending else part
+
+    def relax(node, coeff: Tensor) -> tuple[Tensor, Tensor]:
+        act_coeffs[node.name] = coeff
+        pre = node.inputs[0]
+        iv, slopes = intervals[pre], None if alpha is None else alpha.get(node.name)
+        lines = node.op.relaxation.linear_bounds(iv.lower.unsqueeze(1), iv.upper.unsqueeze(1), slopes)
+        coeff, bias = relax_backward(coeff, lines)
+        if beta is not None and node.name in beta:
+            coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)
+        return coeff, bias
+
+    A = C.reshape(*C.shape[:2], *graph.output.shape)
+    total, input_coeff = backward_pass(graph, graph.output.name, A, box, relax)
+    if input_coeff is None:  # the output does not depend on the input
+        input_coeff = C.new_zeros(*C.shape[:2], *graph.input.shape)
     return SplitBackward(total, act_coeffs, input_coeff)
-
-
-def _relax(node, coeff: Tensor, pre: Interval, alpha: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The ReLU replaced by its lower line where `coeff >= 0`, its upper line elsewhere."""
-    lower, upper = pre.lower.unsqueeze(1), pre.upper.unsqueeze(1)
-    lines = node.op.relaxation.linear_bounds(lower, upper, alpha)
-    pos, neg = coeff.clamp(min=0), coeff.clamp(max=0)
-    new = pos * lines.lower_slope + neg * lines.upper_slope
-    bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
-    return new, bias
 
 
 def minimiser(input_coeff: Tensor, box: Interval) -> Tensor:

@@ -25,6 +25,7 @@ MAX_FUNCTIONAL_ELEMENTS = 1 << 25
 
 LinesFn = Callable[[str], LinearBounds]  # activation node -> its lines for one backward pass
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
+RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
 
 
 def concretize(A: Tensor, box: Interval) -> Tensor:
@@ -34,7 +35,7 @@ def concretize(A: Tensor, box: Interval) -> Tensor:
     return (A * center - A.abs() * radius).flatten(2).sum(-1)
 
 
-def _relax_backward(A: Tensor, lines: LinearBounds) -> tuple[Tensor, Tensor]:
+def relax_backward(A: Tensor, lines: LinearBounds) -> tuple[Tensor, Tensor]:
     """Replace an activation by its lower line where `A >= 0`, its upper line elsewhere."""
     pos, neg = A.clamp(min=0), A.clamp(max=0)
     new_A = pos * lines.lower_slope + neg * lines.upper_slope
@@ -47,17 +48,33 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
 
     `lines(act)` gives the activation's lines, broadcastable to `[batch, specs, *shape]`.
     """
+    def relax(node: Node, coeff: Tensor) -> tuple[Tensor, Tensor]:
+        return relax_backward(coeff, lines(node.name))
+
+    return backward_pass(graph, start, A, box, relax)[0]
+
+
+def backward_pass(
+    graph: Graph, start: str, A: Tensor, box: Interval, relax: RelaxFn
+) -> tuple[Tensor, Tensor | None]:
+    """The backward pass of `A . v_start` to the input: `(lower bound [batch, specs], the
+    functional on the input [batch, specs, *input_shape] or None if it does not reach it)`.
+    `relax(node, coeff)` replaces activation `node` seen with functional `coeff` on its output:
+    it returns the functional on the activation's input and the bias term `[batch, specs]`
+    (CROWN: `relax_backward`; beta-CROWN adds its split multipliers)."""
     pending: dict[str, Tensor] = {start: A}
     total = A.new_zeros(A.shape[:2])
+    input_coeff = None
     for node in reversed(graph.nodes):
         coeff = pending.pop(node.name, None)
         if coeff is None:
             continue
         if node.op is None:
             total = total + concretize(coeff, box)
+            input_coeff = coeff
             continue
         if isinstance(node.op, ActivationOp):
-            coeff, bias = _relax_backward(coeff, lines(node.name))
+            coeff, bias = relax(node, coeff)
             parts = (coeff,)
         else:
             bias = node.op.bias_term(coeff)
@@ -65,7 +82,7 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
         total = total + bias
         for name, part in zip(node.inputs, parts):
             pending[name] = pending[name] + part if name in pending else part
-    return total
+    return total, input_coeff
 
 
 def unstable_indices(bounds: Interval) -> Tensor:
