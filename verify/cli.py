@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from verify.bab import SPLITTINGS, BabConfig
-from verify.relu_bab import ReluSplitConfig
 from verify.onnx_loader import load_onnx
+from verify.relu_bab import ReluSplitConfig
 from verify.verifier import STATUSES, VerificationResult, verify
 
 

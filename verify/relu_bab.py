@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bounds.dual import crown_duals, layered, problem_from_intervals
+from bounds.dual.proximal import ProximalConfig
+from bounds.dual.proximal import solve as prox_solve
 from bounds.errors import UnsupportedOperationError
 from bounds.methods import beta_crown
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.beta_crown import BetaCrownConfig, SplitResult, relu_nodes
-from bounds.dual import crown_duals, layered, problem_from_intervals
-from bounds.dual.proximal import ProximalConfig
-from bounds.dual.proximal import solve as prox_solve
 from bounds.methods.crown import crown_intervals
 from bounds.types import Budget, Interval
 from verify.api import network_graph

@@ -33,7 +33,6 @@ from torch import Tensor
 
 from bounds.graph import Graph
 from bounds.methods.crown import backward_pass, relax_backward
-from bounds.ops import ActivationOp
 from bounds.types import Interval
 
 
