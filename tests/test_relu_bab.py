@@ -57,18 +57,22 @@ def milp_case(seed: int) -> tuple[nn.Module, Region, np.ndarray, float]:
     return net, box, row, float(milp_minima(net, box, row[None])[0])
 
 
+def milp_property(seed: int, truth: str) -> tuple[nn.Module, VnnlibProperty]:
+    """`c y <= b` with `b` 1% above (sat) or below (unsat) the MILP minimum of `milp_case`."""
+    net, box, row, minimum = milp_case(seed)
+    offset = 0.01 * (1 + abs(minimum)) * (1 if truth == "sat" else -1)
+    poly = Polytope(row[None], np.array([minimum + offset]))
+    region = Region(box.lower, box.upper, (poly,))
+    return net, VnnlibProperty("<milp>", len(box.lower), len(row), (region,))
+
+
 @pytest.mark.parametrize("seed", [1, 3, 5])
 @pytest.mark.parametrize("truth", ["sat", "unsat"])
 def test_agrees_with_the_exact_milp(seed, truth, monkeypatch):
     """`c y <= b` with `b` 1% above (sat) or below (unsat) the MILP minimum; the root attack is
     off, so branch and bound must prove or find the counterexample itself."""
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
-    net, box, row, minimum = milp_case(seed)
-    offset = 0.01 * (1 + abs(minimum)) * (1 if truth == "sat" else -1)
-    poly = Polytope(row[None], np.array([minimum + offset]))
-    prop = VnnlibProperty(
-        "<milp>", len(box.lower), len(row), (Region(box.lower, box.upper, (poly,)),)
-    )
+    net, prop = milp_property(seed, truth)
     result = verify.verify(net, prop, timeout=10, splitting="relu")
     assert result.status == truth, (seed, result.status, truth, result.stats)
 
@@ -358,12 +362,7 @@ def test_prox_bounds_of_split_domains_are_sound_and_below_the_lp(seed):
 @pytest.mark.parametrize("truth", ["sat", "unsat"])
 def test_with_the_prox_stage_agrees_with_the_exact_milp(seed, truth, monkeypatch):
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
-    net, box, row, minimum = milp_case(seed)
-    offset = 0.01 * (1 + abs(minimum)) * (1 if truth == "sat" else -1)
-    poly = Polytope(row[None], np.array([minimum + offset]))
-    prop = VnnlibProperty(
-        "<milp>", len(box.lower), len(row), (Region(box.lower, box.upper, (poly,)),)
-    )
+    net, prop = milp_property(seed, truth)
     config = BabConfig(splitting="relu", relu=PROX)
     result = verify.verify(net, prop, timeout=20, config=config)
     assert result.status == truth, (seed, result.status, truth, result.stats)
