@@ -127,22 +127,27 @@ def _tiles(n_channels: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- launchers
 
 
+def _launch_per_point(kernel, source, offsets, weights, out, points_by_channels) -> torch.Tensor:
+    """Launch the splat or slice kernel over tiles of (points, channels); returns `out`."""
+    n_points, n_channels = points_by_channels
+    if n_points * n_channels == 0:
+        return out
+    block_p, block_c = _tiles(n_channels)
+    grid = (cdiv(n_points, block_p), cdiv(n_channels, block_c))
+    kernel[grid](
+        source, offsets, weights, out, n_points, n_channels,
+        D1=offsets.shape[1], BLOCK_P=block_p, BLOCK_C=block_c,
+    )  # fmt: skip
+    return out
+
+
 @torch.library.custom_op("ldverify::lattice_splat", mutates_args=())
 def _lattice_splat_triton(
     values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor, n_rows: int
 ) -> torch.Tensor:
     """Launch :func:`_lattice_splat_kernel` (contiguous, checked inputs)."""
-    n_points, n_channels = values.shape
-    out = torch.zeros(n_rows, n_channels, dtype=values.dtype, device=values.device)
-    if values.numel() == 0:
-        return out
-    block_p, block_c = _tiles(n_channels)
-    grid = (cdiv(n_points, block_p), cdiv(n_channels, block_c))
-    _lattice_splat_kernel[grid](
-        values, offsets, weights, out, n_points, n_channels,
-        D1=offsets.shape[1], BLOCK_P=block_p, BLOCK_C=block_c,
-    )  # fmt: skip
-    return out
+    out = torch.zeros(n_rows, values.shape[1], dtype=values.dtype, device=values.device)
+    return _launch_per_point(_lattice_splat_kernel, values, offsets, weights, out, values.shape)
 
 
 @_lattice_splat_triton.register_fake
@@ -178,17 +183,8 @@ def _lattice_slice_triton(
     lattice: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
     """Launch :func:`_lattice_slice_kernel` (contiguous, checked inputs)."""
-    n_points, n_channels = offsets.shape[0], lattice.shape[1]
-    out = torch.empty(n_points, n_channels, dtype=lattice.dtype, device=lattice.device)
-    if out.numel() == 0:
-        return out
-    block_p, block_c = _tiles(n_channels)
-    grid = (cdiv(n_points, block_p), cdiv(n_channels, block_c))
-    _lattice_slice_kernel[grid](
-        lattice, offsets, weights, out, n_points, n_channels,
-        D1=offsets.shape[1], BLOCK_P=block_p, BLOCK_C=block_c,
-    )  # fmt: skip
-    return out
+    out = lattice.new_empty(offsets.shape[0], lattice.shape[1])
+    return _launch_per_point(_lattice_slice_kernel, lattice, offsets, weights, out, out.shape)
 
 
 @_lattice_slice_triton.register_fake

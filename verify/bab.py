@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from bounds.types import Budget
 from verify.api import bounds
-from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd, validate, violation
+from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd
 from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
@@ -142,8 +142,7 @@ class RegionBab(RegionSearch):
         spec = UnsafeSpec.of(region, self.dtype, self.device)
         self.spec = spec.with_combinations() if config.combine_rows else spec
         self.tol = config.prune_tol * (1 + self.spec.b.abs())
-        scale = float(self.spec.b.abs().max()) if self.spec.b.numel() else 0.0
-        self.value_tol = 1e-4 * (1 + scale)  # float32 values this close to 0 are re-checked
+        self.value_tol = self.value_tolerance(self.spec)
         self.sizer = BatchSizer(config)
         self.deadline = float("inf")  # monotonic clock; set by run()
         self.generator = torch.Generator().manual_seed(seed)
@@ -312,18 +311,7 @@ class RegionBab(RegionSearch):
                 torch.where(mask, worst.upper[:, None], worst.lower[:, None]).flatten(0, 1)
             )
         points = torch.cat(points)
-        with torch.no_grad():
-            values = violation(self.net(points.reshape(-1, *self.shape)), self.spec)
-        return self._validate_best(points, values)
-
-    def _validate_best(self, points: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
-        for i in values.argsort()[:3].tolist():
-            if values[i] > self.value_tol:
-                return None
-            found = validate(self.net, self.region, points[i : i + 1].reshape(1, *self.shape))
-            if found is not None:
-                return found
-        return None
+        return self._validate_best(points, self._violations(points))
 
     def _pgd(self, domains: Domains) -> tuple[Tensor, Tensor] | None:
         """PGD from random points of the worst open domains, each inside its own box."""

@@ -1,5 +1,6 @@
 """Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the outcome of
-one region, the deadline exception, the adaptive batch size and the outward-rounded root box."""
+one region, the deadline exception, the counterexample checks, the adaptive batch size and the
+outward-rounded root box."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from verify.attack import UnsafeSpec, validate, violation
 from verify.vnnlib import Region
 
 
@@ -28,10 +30,38 @@ class DeadlineReachedError(Exception):
 class RegionSearch:
     """Shared entry point of the branch-and-bound searches: `run(deadline)` sets the monotonic
     deadline and turns `DeadlineReachedError` into a "timeout" outcome; subclasses implement
-    `_search()` and keep `stats`."""
+    `_search()`, keep `stats` and set `net`, `region`, `shape`, `spec` and `value_tol`
+    (`value_tolerance`) for the counterexample checks below."""
 
     deadline: float
     stats: dict
+    net: nn.Module
+    region: Region
+    shape: tuple[int, ...]
+    spec: UnsafeSpec
+    value_tol: float
+
+    @staticmethod
+    def value_tolerance(spec: UnsafeSpec) -> float:
+        """Points whose float32 `violation` is below this are re-checked in float64."""
+        scale = float(spec.b.abs().max()) if spec.b.numel() else 0.0
+        return 1e-4 * (1 + scale)
+
+    def _violations(self, points: Tensor) -> Tensor:
+        """`violation` of the network's outputs at `points` (any leading shape, flattened)."""
+        with torch.no_grad():
+            return violation(self.net(points.reshape(-1, *self.shape)), self.spec)
+
+    def _validate_best(self, points: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The first of the 3 points of smallest `values` that validates (float64) as a
+        counterexample; None once a value is above `value_tol`."""
+        for i in values.argsort()[:3].tolist():
+            if values[i] > self.value_tol:
+                return None
+            found = validate(self.net, self.region, points[i : i + 1].reshape(1, *self.shape))
+            if found is not None:
+                return found
+        return None
 
     def run(self, deadline: float) -> RegionOutcome:
         self.deadline = deadline

@@ -46,7 +46,7 @@ from bounds.methods.beta_crown import BetaCrownConfig, SplitResult, relu_nodes
 from bounds.methods.crown import crown_intervals
 from bounds.types import Budget, Interval
 from verify.api import network_graph
-from verify.attack import UnsafeSpec, pgd, validate, violation
+from verify.attack import UnsafeSpec, pgd, validate
 from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
@@ -176,8 +176,7 @@ class ReluBab(RegionSearch):
         self.spec = UnsafeSpec.of(region, self.dtype, self.device)
         self.tol = config.prune_tol * (1 + self.spec.b.abs())  # per row
         self.rows_of = self._polytope_rows()  # [P, r] row indices, padded by repetition
-        scale = float(self.spec.b.abs().max()) if self.spec.b.numel() else 0.0
-        self.value_tol = 1e-4 * (1 + scale)  # float32 values this close to 0 are re-checked
+        self.value_tol = self.value_tolerance(self.spec)
         self.bias = pre_biases(self.graph, self.layout, self.box.lower)
         self.base = Interval(self.box.lower, self.box.upper)  # flat root intervals, set by _root
         self.sizer = BatchSizer(config)
@@ -319,10 +318,8 @@ class ReluBab(RegionSearch):
         return {p: Interval(lower[p], upper[p]) for p in self.layout.pres}
 
     def _flat_intervals(self, splits: Tensor) -> Interval:
-        base = self.base
-        lower = torch.where(splits > 0, base.lower.clamp(min=0), base.lower)
-        upper = torch.where(splits < 0, base.upper.clamp(max=0), base.upper)
-        return Interval(lower, upper)
+        """The flat root intervals `[N, n]` clamped by `splits [N, n]`."""
+        return beta_crown.clamp_by_splits(self.base, splits)
 
     def _optimise(self, splits, alpha, beta, C, target, iterations: int) -> SplitResult:
         """alpha-beta-CROWN on the domains `splits [N, n]` from `alpha`, `beta [N, S, n]`."""
@@ -388,7 +385,8 @@ class ReluBab(RegionSearch):
         keep = (d.margin <= 0).nonzero().flatten()
         self.stats["prox_domains"] = self.stats.get("prox_domains", 0) + len(index)
         self.stats["prox_pruned"] = self.stats.get("prox_pruned", 0) + len(d) - len(keep)
-        self.stats["prox_seconds"] = self.stats.get("prox_seconds", 0.0) + time.perf_counter() - tick
+        seconds = self.stats.get("prox_seconds", 0.0) + time.perf_counter() - tick
+        self.stats["prox_seconds"] = seconds
         return d.take(keep), points[keep]
 
     def _prox(self, d: ReluDomains) -> Tensor:
@@ -534,18 +532,7 @@ class ReluBab(RegionSearch):
         """Evaluate `points [M, *input_shape]` (inside the box); validate the best ones."""
         if not len(points):
             return None
-        with torch.no_grad():
-            values = violation(self.net(points.reshape(-1, *self.shape)), self.spec)
-        return self._validate_best(points, values)
-
-    def _validate_best(self, points: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
-        for i in values.argsort()[:3].tolist():
-            if values[i] > self.value_tol:
-                return None
-            found = validate(self.net, self.region, points[i : i + 1])
-            if found is not None:
-                return found
-        return None
+        return self._validate_best(points, self._violations(points))
 
     def _attack_due(self, last_attack: float, start: float) -> bool:
         """PGD every `attack_every` seconds, within 10% of the search time."""

@@ -94,13 +94,14 @@ def relu_nodes(graph: Graph) -> list[tuple[str, str]]:
 def split_intervals(base: dict[str, Interval], splits: dict[str, Tensor]) -> dict[str, Interval]:
     """`base` intervals (`[1 or N, *shape]`) clamped by the splits `[N, *shape]`: lower 0 for
     active neurons, upper 0 for inactive ones (valid on the domain: that is its definition)."""
-    out = {}
-    for name, split in splits.items():
-        iv = base[name]
-        lower = torch.where(split > 0, iv.lower.clamp(min=0), iv.lower)
-        upper = torch.where(split < 0, iv.upper.clamp(max=0), iv.upper)
-        out[name] = Interval(lower, upper)
-    return out
+    return {name: clamp_by_splits(base[name], split) for name, split in splits.items()}
+
+
+def clamp_by_splits(interval: Interval, split: Tensor) -> Interval:
+    """`interval` with lower 0 where `split > 0` (active) and upper 0 where `split < 0`."""
+    lower = torch.where(split > 0, interval.lower.clamp(min=0), interval.lower)
+    upper = torch.where(split < 0, interval.upper.clamp(max=0), interval.upper)
+    return Interval(lower, upper)
 
 
 def backward(
@@ -121,7 +122,8 @@ def backward(
         act_coeffs[node.name] = coeff
         pre = node.inputs[0]
         iv, slopes = intervals[pre], None if alpha is None else alpha.get(node.name)
-        lines = node.op.relaxation.linear_bounds(iv.lower.unsqueeze(1), iv.upper.unsqueeze(1), slopes)
+        lower, upper = iv.lower.unsqueeze(1), iv.upper.unsqueeze(1)
+        lines = node.op.relaxation.linear_bounds(lower, upper, slopes)
         coeff, bias = relax_backward(coeff, lines)
         if beta is not None and node.name in beta:
             coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)

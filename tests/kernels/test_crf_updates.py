@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import backend
 from kernels.crf_updates import (
     SIMPLEX_KERNEL_MAX_LABELS,
     _frank_wolfe_direction_triton,
@@ -21,15 +20,11 @@ from kernels.crf_updates import (
     project_simplex,
     project_simplex_reference,
 )
+from tests.kernels import DTYPES, needs_triton
 
 # (..., M): one label, odd pixel counts, non-power-of-2 label counts, few labels (the
 # transposed softmax path), more than 128 labels (beyond the simplex kernel).
 SHAPES = [(1, 1), (7, 1), (3, 11, 5), (2, 33, 21), (5, 37), (1, 3, 130)]
-DTYPES = [torch.float32, torch.float64]
-needs_triton = pytest.mark.skipif(
-    not backend.HAS_TRITON or not (backend.INTERPRET or torch.cuda.is_available()),
-    reason="needs triton (and TRITON_INTERPRET=1 on CPU)",
-)
 
 
 def _tol(dtype: torch.dtype) -> dict:

@@ -21,15 +21,11 @@ from kernels.lattice_filter import (
     lattice_splat,
     lattice_splat_reference,
 )
+from tests.kernels import DTYPES, needs_triton
 
 # (points P, channels C, vertices per point d+1, lattice rows R): 1 point / 1 channel, odd and
 # non-power-of-2 sizes, more channels than one 64-wide tile.
 SHAPES = [(1, 1, 2, 2), (7, 3, 3, 5), (37, 5, 6, 23), (130, 21, 3, 61), (9, 70, 4, 11)]
-DTYPES = [torch.float32, torch.float64]
-needs_triton = pytest.mark.skipif(
-    not backend.HAS_TRITON or not (backend.INTERPRET or torch.cuda.is_available()),
-    reason="needs triton (and TRITON_INTERPRET=1 on CPU)",
-)
 
 
 def _tol(dtype: torch.dtype) -> dict:
