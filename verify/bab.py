@@ -25,6 +25,7 @@ from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd
 from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
+    DomainBatch,
     RegionOutcome,
     RegionSearch,
     is_out_of_memory,
@@ -100,7 +101,7 @@ class BabConfig:
 
 
 @dataclass
-class Domains:
+class Domains(DomainBatch):
     """Open boxes, flattened: `lower`, `upper` `[N, n_in]`; `rows [N, m]` lower bounds of
     `C y - b`; `margin [N]`; `depth [N]` (number of splits from the region's box)."""
 
@@ -109,24 +110,6 @@ class Domains:
     rows: Tensor
     margin: Tensor
     depth: Tensor
-
-    def __len__(self) -> int:
-        return self.lower.shape[0]
-
-    def take(self, index: Tensor) -> Domains:
-        return Domains(*(t[index] for t in self._fields()))
-
-    def _fields(self) -> tuple[Tensor, ...]:
-        return self.lower, self.upper, self.rows, self.margin, self.depth
-
-    def pop(self, n: int) -> tuple[Domains, Domains]:
-        """The `n` domains of smallest margin, and the rest."""
-        order = self.margin.argsort()
-        return self.take(order[:n]), self.take(order[n:])
-
-    @staticmethod
-    def cat(parts: list[Domains]) -> Domains:
-        return Domains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
 class RegionBab(RegionSearch):
@@ -159,7 +142,7 @@ class RegionBab(RegionSearch):
         found = self._try_points(root)
         if found is not None:
             return RegionOutcome("sat", found, self.stats)
-        open_, last_attack = self._prune(root), time.monotonic()
+        open_, last_attack = root.open(), time.monotonic()
         while len(open_):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -175,7 +158,7 @@ class RegionBab(RegionSearch):
             if found is not None:
                 return RegionOutcome("sat", found, self.stats)
             self.sizer.record(n_bounded, time.perf_counter() - tick)
-            open_ = Domains.cat([rest, self._prune(children)])
+            open_ = Domains.cat([rest, children.open()])
             self.stats["max_open"] = max(self.stats["max_open"], len(open_))
         return RegionOutcome("unsat", None, self.stats)
 
@@ -250,9 +233,6 @@ class RegionBab(RegionSearch):
         offset = quality.argmax(0) * 2 * n + torch.arange(n, device=self.device)
         return bounded.take(torch.cat([offset, offset + n])), len(bounded)
 
-    def _prune(self, domains: Domains) -> Domains:
-        return domains.take((domains.margin <= 0).nonzero().flatten())
-
     def _split(self, parents: Domains, dim: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Two children per parent (left ones first), halved along `dim [N]`."""
         rows = torch.arange(len(parents), device=self.device)
@@ -296,7 +276,7 @@ class RegionBab(RegionSearch):
     def _try_points(self, domains: Domains) -> tuple[Tensor, Tensor] | None:
         """Evaluate the centres of the open domains (and the corners of the worst ones when the
         input has at most 6 dimensions); validate the best point if it violates."""
-        open_ = domains.take((domains.margin <= 0).nonzero().flatten())
+        open_ = domains.open()
         if not len(open_):
             return None
         points = [(open_.lower + open_.upper) / 2]
@@ -315,7 +295,7 @@ class RegionBab(RegionSearch):
 
     def _pgd(self, domains: Domains) -> tuple[Tensor, Tensor] | None:
         """PGD from random points of the worst open domains, each inside its own box."""
-        open_ = domains.take((domains.margin <= 0).nonzero().flatten())
+        open_ = domains.open()
         if not len(open_):
             return None
         self.stats["attacks"] += 1

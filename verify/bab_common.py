@@ -4,8 +4,8 @@ outward-rounded root box."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +25,38 @@ class BatchLimits(Protocol):
 
 class DeadlineReachedError(Exception):
     """Raised between bound computations once the deadline has passed."""
+
+
+D = TypeVar("D", bound="DomainBatch")
+
+
+class DomainBatch:
+    """Base of the domain dataclasses: every field a tensor with one row per domain, one of
+    them `margin [N]` (> 0: the domain is excluded)."""
+
+    margin: Tensor
+
+    def __len__(self) -> int:
+        return self.margin.shape[0]
+
+    def _fields(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+    def take(self: D, index: Tensor) -> D:
+        return type(self)(*(t[index] for t in self._fields()))
+
+    def pop(self: D, n: int) -> tuple[D, D]:
+        """The `n` domains of smallest margin, and the rest."""
+        order = self.margin.argsort()
+        return self.take(order[:n]), self.take(order[n:])
+
+    def open(self: D) -> D:
+        """The domains not excluded (margin <= 0)."""
+        return self.take((self.margin <= 0).nonzero().flatten())
+
+    @classmethod
+    def cat(cls: type[D], parts: list[D]) -> D:
+        return cls(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
 class RegionSearch:

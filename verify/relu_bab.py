@@ -30,7 +30,7 @@ domains while doubling the time (see the issue-4 note).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ from verify.attack import UnsafeSpec, pgd, validate
 from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
+    DomainBatch,
     RegionOutcome,
     RegionSearch,
     is_out_of_memory,
@@ -121,7 +122,7 @@ def relu_only(net: nn.Module, n_inputs: int) -> bool:
 
 
 @dataclass
-class ReluDomains:
+class ReluDomains(DomainBatch):
     """Open domains, flat over the ReLU neurons (`Layout`): `splits [N, n]` int8 (+1 active,
     -1 inactive, 0 free); `alpha`, `beta [N, r, n]`; `poly [N]` the unsafe polytope to exclude;
     `rows [N, r]` lower bounds of its rows' `C y - b` (padded by repeating a row); `margin [N]`
@@ -134,27 +135,6 @@ class ReluDomains:
     rows: Tensor
     margin: Tensor
     depth: Tensor
-
-    def __len__(self) -> int:
-        return self.splits.shape[0]
-
-    def _fields(self) -> tuple[Tensor, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
-
-    def take(self, index: Tensor) -> ReluDomains:
-        return ReluDomains(*(t[index] for t in self._fields()))
-
-    def pop(self, n: int) -> tuple[ReluDomains, ReluDomains]:
-        """The `n` domains of smallest margin, and the rest."""
-        order = self.margin.argsort()
-        return self.take(order[:n]), self.take(order[n:])
-
-    def open(self) -> ReluDomains:
-        return self.take((self.margin <= 0).nonzero().flatten())
-
-    @staticmethod
-    def cat(parts: list[ReluDomains]) -> ReluDomains:
-        return ReluDomains(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
 class ReluBab(RegionSearch):
