@@ -44,6 +44,8 @@ setup(
             "hypothesis>=6",
             "ruff>=0.5",
             "pillow>=10",
+            # The Triton kernels' tests run under its CPU interpreter (TRITON_INTERPRET=1).
+            "triton>=3.5; platform_system == 'Linux'",
         ],
     },
     entry_points={"console_scripts": ["verify=verify.__main__:main"]},

@@ -27,3 +27,8 @@ class ShapeMismatchError(VerificationInputError):
 
 class InvalidRegionError(VerificationInputError):
     """A negative/NaN eps, lower > upper, or an empty input box."""
+
+
+class InvalidLimitError(VerificationInputError):
+    """A time limit, budget or count that is NaN, negative, zero where it must be positive, or not a
+    number (names the limit and its value)."""

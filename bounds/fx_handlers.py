@@ -60,9 +60,10 @@ class _Builder:
         return Act(name, value)
 
     def const(self, value: Any, node: str) -> Tensor:
-        """A constant operand as a tensor in the network's dtype."""
+        """A constant operand as a tensor in the network's dtype: a copy, so the graph is a
+        snapshot that later in-place changes of the module's weights cannot alter."""
         if isinstance(value, Tensor):
-            return value.detach().to(self.dtype)
+            return value.detach().to(self.dtype, copy=True)
         if isinstance(value, (int, float)):
             return torch.tensor(float(value), dtype=self.dtype)
         raise UnsupportedOperationError(type(value).__name__, node, "unexpected operand")

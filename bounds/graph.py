@@ -134,10 +134,13 @@ def _check_constants(nodes: tuple[Node, ...]) -> None:
                 raise InvalidNetworkError(f"NaN or Inf in the constants of node {node.name!r}")
 
 
-def _check_equivalence(graph: Graph, module: nn.Module, example: Tensor) -> None:
+def _check_equivalence(
+    graph: Graph, module: nn.Module, example: Tensor, rng: torch.Generator
+) -> None:
     """The converted graph must compute what the module computes (a safety net)."""
     with torch.no_grad():
-        probe = torch.cat([example, torch.randn_like(example) * 3])
+        noise = torch.randn(example.shape, dtype=example.dtype, generator=rng)
+        probe = torch.cat([example, noise * 3])
         expected = module(probe)
         got = graph.forward(probe)
     if not isinstance(expected, Tensor) or expected.shape != got.shape:
@@ -155,10 +158,13 @@ def build_graph(module: nn.Module, input_shape: tuple[int, ...]) -> Graph:
     bound, InvalidNetworkError for NaN/Inf or non-constant weights. The graph's constants are
     on the CPU whatever the module's device (callers move the graph to their inputs' device).
     """
+    check_module(module)
     module = _on_cpu(module)
     gm = _trace(module)
     dtype = _module_dtype(module)
-    example = torch.rand(EXAMPLE_BATCH, *input_shape, dtype=dtype) * 2 - 1
+    # A generator of our own: building a graph must not move the caller's random state.
+    rng = torch.Generator().manual_seed(0)
+    example = torch.rand(EXAMPLE_BATCH, *input_shape, dtype=dtype, generator=rng) * 2 - 1
     with torch.no_grad():
         try:
             module(example)
@@ -169,5 +175,38 @@ def build_graph(module: nn.Module, input_shape: tuple[int, ...]) -> Graph:
         specs = interpret(gm, example)
     graph = Graph(tuple(Node(*spec) for spec in specs))
     _check_constants(graph.nodes)
-    _check_equivalence(graph, module, example)
+    _check_equivalence(graph, module, example, rng)
     return graph
+
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_TRAINING_DEPENDENT = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.dropout._DropoutNd,
+    nn.AlphaDropout,
+)
+
+
+def check_module(module: nn.Module) -> None:
+    """Refuses, before the module is ever run (a training-mode run would update BatchNorm's
+    running statistics, i.e. mutate the caller's model): submodules whose output depends on the
+    training flag while it is set, parameters or buffers that are not float32/float64 (half
+    precision nets: bounds in float16 would not be sound to the digits we report; convert with
+    `net.float()`), and tensors on the meta device (no values)."""
+    for name, sub in module.named_modules():
+        if sub.training and isinstance(sub, _TRAINING_DEPENDENT):
+            where = name or type(module).__name__
+            raise InvalidNetworkError(
+                f"{type(sub).__name__} {where!r} is in training mode: call net.eval() first"
+            )
+    tensors = list(module.named_parameters()) + list(module.named_buffers())
+    for name, tensor in tensors:
+        if tensor.is_meta:
+            raise InvalidNetworkError(f"{name!r} is on the meta device: the network has no weights")
+        if tensor.is_floating_point() and tensor.dtype not in SUPPORTED_DTYPES:
+            raise InvalidNetworkError(
+                f"{name!r} is {tensor.dtype}: only float32 and float64 networks are supported "
+                "(convert with net.float() or net.double())"
+            )
+        if tensor.is_complex():
+            raise InvalidNetworkError(f"{name!r} is complex ({tensor.dtype})")

@@ -13,7 +13,11 @@ the solver's tolerance (about 1e-7 relative with HiGHS); as bounds we report the
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +38,25 @@ def _cvxpy():
     except ImportError as exc:  # optional dependency
         raise ImportError("the LP reference needs cvxpy: pip install 'ldverify[lp]'") from exc
     return cvxpy, scipy.sparse
+
+
+@contextlib.contextmanager
+def _silenced_stdout() -> Iterator[None]:
+    """Sends the process's file descriptor 1 to /dev/null: HiGHS prints its copyright banner from
+    C on its first solve, whatever `output_flag` says, and it does not belong in our output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no usable descriptor 1 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -107,13 +130,20 @@ def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, 
     return variables, constraints
 
 
-def _solve(problem, config: LpConfig, integer: bool) -> float:
-    """Optimal value; a MILP is solved to a zero gap (its primal value is then the minimum)."""
+def _solve(problem, config: LpConfig, integer: bool, deadline: float | None) -> float | None:
+    """Optimal value; a MILP is solved to a zero gap (its primal value is then the minimum).
+    None when `deadline` (`time.monotonic()`) passed before a solver proved optimality: a
+    primal value at a time limit is not a lower bound."""
     cp, _ = _cvxpy()
     order = ["HIGHS", "CLARABEL"] if config.solver == "HIGHS" and not integer else ["HIGHS"]
     if config.solver == "CLARABEL" and not integer:
         order = ["CLARABEL", "HIGHS"]
     for solver in order:
+        limit = config.time_limit
+        if deadline is not None:
+            limit = min(limit, deadline - time.monotonic())
+            if limit <= 0:
+                return None
         try:
             if solver == "HIGHS":
                 # MILP: zero gap (the primal value is then the minimum). LP: primal simplex;
@@ -121,32 +151,51 @@ def _solve(problem, config: LpConfig, integer: bool) -> float:
                 gap = (
                     {"mip_rel_gap": 0.0, "mip_abs_gap": 0.0} if integer else {"simplex_strategy": 4}
                 )
-                problem.solve(solver=solver, time_limit=config.time_limit, output_flag=False, **gap)
+                with _silenced_stdout():
+                    problem.solve(solver=solver, time_limit=limit, output_flag=False, **gap)
             else:
-                problem.solve(solver=solver)
+                problem.solve(solver=solver, time_limit=limit)
         except cp.error.SolverError:
             continue
         if problem.status == cp.OPTIMAL:
             return float(problem.value)
+    if deadline is not None and time.monotonic() >= deadline:
+        return None
     raise RuntimeError(f"LP/MILP solve failed (status {problem.status})")
 
 
-def _optimise(graph, box, C, intervals, config, integer, sides=2) -> tuple[Tensor, dict]:
+def _optimise(
+    graph, box, C, intervals, config, integer, sides=2, deadline=None, fallback=None
+) -> tuple[Tensor, dict]:
     """Minima of `C[b, s] . y` and (if `sides == 2`) `-C[b, s] . y` per batch element and spec;
-    with `sides == 1` the second half is left at -inf (no bound)."""
+    with `sides == 1` the second half is left at -inf (no bound). Solves not finished by
+    `deadline` keep `fallback` (`[B, 2S]` valid bounds; -inf when None)."""
     cp, _ = _cvxpy()
     start = time.perf_counter()
     batch, specs = C.shape[:2]
     values = np.full((batch, 2 * specs), -np.inf)
+    if fallback is not None:
+        values[:, : sides * specs] = fallback.detach().cpu().double().numpy()[:, : sides * specs]
     flat_C = C.detach().cpu().double().reshape(batch, specs, -1).numpy()
+    solved = 0
     for b in range(batch):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         variables, constraints = _build(graph, box, intervals, b, integer)
         c = cp.Parameter(flat_C.shape[-1])
         problem = cp.Problem(cp.Minimize(c @ variables[graph.output.name]), constraints)
         for s in range(sides * specs):
             c.value = flat_C[b, s % specs] * (1.0 if s < specs else -1.0)
-            values[b, s] = _solve(problem, config, integer)
-    stats = {"seconds": time.perf_counter() - start, "solves": batch * sides * specs}
+            value = _solve(problem, config, integer, deadline)
+            if value is None:
+                break
+            values[b, s] = max(value, values[b, s])
+            solved += 1
+    stats = {
+        "seconds": time.perf_counter() - start,
+        "solves": solved,
+        "unsolved": batch * sides * specs - solved,
+    }
     return torch.as_tensor(values, dtype=C.dtype, device=C.device), stats
 
 
@@ -163,12 +212,18 @@ def planet_lp(
     intervals: dict[str, Interval],
     config: LpConfig | None = None,
     upper: bool = True,
+    deadline: float | None = None,
+    fallback: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict]:
     """Planet LP bounds `(lower [B, S], upper [B, S], stats)` on `C . y` for the given
     pre-activation `intervals` (`upper=False`: lower bounds only, the upper ones are +inf).
-    `stats['raw']` holds the unloosened optima `[B, 2S]`."""
+    `stats['raw']` holds the unloosened optima `[B, 2S]`. Solves not finished by `deadline`
+    (`time.monotonic()`) keep `fallback` (`[B, 2S]`: lower bounds of `C . y`, then of `-C . y`);
+    `stats['unsolved']` counts them."""
     sides = 2 if upper else 1
-    values, stats = _optimise(graph, box, C, intervals, config or LpConfig(), False, sides)
+    values, stats = _optimise(
+        graph, box, C, intervals, config or LpConfig(), False, sides, deadline, fallback
+    )
     return _as_bounds(values, stats, C.shape[1])
 
 
@@ -178,11 +233,15 @@ def milp(
     C: Tensor,
     intervals: dict[str, Interval],
     config: LpConfig | None = None,
+    deadline: float | None = None,
+    fallback: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict]:
     """Exact bounds by MILP (tiny nets only): `(min C.y [B, S], max C.y [B, S], stats)`.
 
     Needs valid `intervals` for every pre-activation (they set the big-M constants); HiGHS only.
+    Solves not finished by `deadline` keep `fallback`, as in `planet_lp` (they are then not
+    exact: `stats['unsolved']` counts them).
     """
     config = config or LpConfig()
-    values, stats = _optimise(graph, box, C, intervals, config, integer=True)
+    values, stats = _optimise(graph, box, C, intervals, config, True, 2, deadline, fallback)
     return _as_bounds(values, stats, C.shape[1])

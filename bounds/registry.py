@@ -3,6 +3,7 @@ dataclass and a function `(graph, box, C, config, budget) -> (lower, upper, inte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,18 +88,30 @@ def _intervals(graph, box, C, config, given) -> dict[str, Interval]:
     )
 
 
-@register_method("lp", LpConfig, "Planet LP for the chosen intermediate bounds (cvxpy)")
-def _lp(graph, box, C, config, budget, given) -> MethodResult:
-    intervals = _intervals(graph, box, C, config, given)
-    lower, upper, stats = planet_lp(graph, box, C, intervals, config)
-    return lower, upper, intervals, {"solves": stats["solves"]}
+def _reference(solve):
+    """The LP or MILP method: intermediate bounds, then one solve per spec and side. With a
+    seconds budget, the solves left when it runs out keep the interval bound of the output
+    (sound, looser); `stats['unsolved']` counts them."""
+
+    def run(graph, box, C, config, budget, given) -> MethodResult:
+        start = time.monotonic()
+        deadline = start + budget.seconds if budget is not None and budget.seconds else None
+        intervals = _intervals(graph, box, C, config, given)
+        fallback = interval_bound(C, intervals[graph.output.name])
+        lower, upper, stats = solve(
+            graph, box, C, intervals, config, deadline=deadline, fallback=fallback
+        )
+        return lower, upper, intervals, {"solves": stats["solves"], "unsolved": stats["unsolved"]}
+
+    return run
 
 
-@register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bounds (tiny nets)")
-def _milp(graph, box, C, config, budget, given) -> MethodResult:
-    intervals = _intervals(graph, box, C, config, given)
-    lower, upper, stats = milp(graph, box, C, intervals, config)
-    return lower, upper, intervals, {"solves": stats["solves"]}
+register_method("lp", LpConfig, "Planet LP for the chosen intermediate bounds (cvxpy)")(
+    _reference(planet_lp)
+)
+register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bounds (tiny nets)")(
+    _reference(milp)
+)
 
 
 def _start(graph, box, C, net, c, config, given):

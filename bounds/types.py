@@ -7,11 +7,14 @@ bounds of `-A`).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from bounds.errors import InvalidLimitError
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,15 @@ class Budget:
     seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if self.iterations is not None and self.iterations < 0:
-            raise ValueError(f"budget iterations must be >= 0, got {self.iterations}")
-        if self.seconds is not None and not self.seconds > 0:
-            raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
+        iterations, seconds = self.iterations, self.seconds
+        if iterations is not None and (
+            isinstance(iterations, bool)
+            or not isinstance(iterations, numbers.Integral)
+            or iterations < 0
+        ):
+            raise InvalidLimitError(f"budget iterations must be an int >= 0, got {iterations!r}")
+        if seconds is not None:
+            if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+                raise InvalidLimitError(f"budget seconds must be a number, got {seconds!r}")
+            if not seconds > 0:  # also NaN
+                raise InvalidLimitError(f"budget seconds must be > 0, got {seconds!r}")

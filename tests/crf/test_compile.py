@@ -16,6 +16,7 @@ import kernels.compile
 from crf.compile import should_compile
 from crf.solvers import SOLVERS
 from kernels import backend
+from tests.kernels import needs_triton
 
 METHODS = ["meanfield", "qp", "dc-neg", "lp"]
 STEPS_PER_METHOD = {"meanfield": 1, "qp": 1, "dc-neg": 1, "lp": 3}  # lp: anchor, primal, dual
@@ -104,7 +105,7 @@ def test_compiled_wrappers_are_cached_per_step():
     assert crf.compile.step_function(step, False) is step
 
 
-@pytest.mark.skipif(not backend.INTERPRET and not torch.cuda.is_available(), reason="no Triton")
+@needs_triton
 @pytest.mark.parametrize("method", METHODS)
 def test_solvers_on_triton_kernels_equal_reference(method):
     """The wiring: with every kernel on Triton (the interpreter on CPU), each solver gives the
@@ -117,7 +118,7 @@ def test_solvers_on_triton_kernels_equal_reference(method):
 
 
 @pytest.mark.compile
-@pytest.mark.skipif(not backend.INTERPRET and not torch.cuda.is_available(), reason="no Triton")
+@needs_triton
 def test_compiled_steps_call_the_triton_custom_ops(counting_compile):
     """With the Triton backend, the compiled steps trace through the custom ops (their fake
     implementations) whole, and equal the reference."""

@@ -13,7 +13,7 @@ from bounds.dual import Duals, crown_duals, layered, problem_from_intervals, pro
 from bounds.dual.proximal import ProxState, _generic_block_step, _relu_block_step, initial_state
 from bounds.methods.crown import crown, output_functional
 from bounds.types import Interval
-from kernels.backend import INTERPRET, kernel_backend
+from kernels.backend import kernel_backend
 from kernels.prox_relu_block import (
     prox_block_update,
     prox_block_update_reference,
@@ -25,6 +25,7 @@ from kernels.prox_relu_block import (
     relu_argmin_reference,
 )
 from relaxations.relu import ReluRelaxation
+from tests.kernels import needs_triton
 from tests.model_zoo import make
 
 KINDS = ["mixed", "stable", "ambiguous", "degenerate", "ties"]
@@ -107,6 +108,7 @@ def test_reference_argmin_is_relu_relaxation_argmin(kind):
         assert torch.equal(got, want)
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch, specs, shape_in, shape_out", SHAPES)
 def test_oracle_kernel_equals_reference(batch, specs, shape_in, shape_out, dtype):
@@ -118,6 +120,7 @@ def test_oracle_kernel_equals_reference(batch, specs, shape_in, shape_out, dtype
         torch.testing.assert_close(got[2:], ref[2:], **_tol(dtype))
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch, specs, shape_in, shape_out", SHAPES)
 def test_update_kernels_equal_reference(batch, specs, shape_in, shape_out, dtype):
@@ -132,6 +135,7 @@ def test_update_kernels_equal_reference(batch, specs, shape_in, shape_out, dtype
         torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_several_chunks_per_problem(dtype):
     """Rows longer than one program's chunk: partial sums, the last chunk partly masked."""
@@ -165,7 +169,7 @@ def _segment_objective(gamma, block, coeff, eta_out, xhB_out, anchor_out, b):
     return value
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=needs_triton)])
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
 def test_step_is_the_exact_line_search(position, use_triton):
     """gamma minimises the block's convex quadratic on the segment [x, x_cg] (a theorem)."""
@@ -190,7 +194,7 @@ def test_step_is_the_exact_line_search(position, use_triton):
     assert (best <= values.min(0).values + 1e-10).all()
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=needs_triton)])
 def test_zero_curvature_steps(use_triton):
     """den = 0 (last block without B side): gamma = 1 if the objective descends, else 0;
     a zero direction (den = 0, num = 0) does not move."""
@@ -204,7 +208,7 @@ def test_zero_curvature_steps(use_triton):
         torch.testing.assert_close(new, torch.where(gamma[..., None] > 0, xhA_cg, xhA))
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=needs_triton)])
 def test_step_is_clipped(use_triton):
     """num / den > 1 takes the full step; num < 0 takes none (middle block, B side zero)."""
     xhA = torch.zeros(1, 2, 4)
@@ -243,7 +247,7 @@ def _replace_block(state: ProxState, j: int, xhB_j, xhA_j) -> ProxState:
     return state._replace(xhA=xhA, xhB=xhB)
 
 
-@pytest.mark.parametrize("name, use_triton", [("mlp", False), ("conv", False), ("conv", True)])
+@pytest.mark.parametrize("name, use_triton", [("mlp", False), ("conv", False), pytest.param("conv", True, marks=needs_triton)])
 def test_block_steps_equal_the_proximal_solver(name, use_triton):
     """Sweeps over every block (first, middle, last) of a zoo net, float64, B=2, S=3; the
     second sweep starts away from the oracle's points (one sweep for the slow interpreter)."""
@@ -259,7 +263,7 @@ def test_block_steps_equal_the_proximal_solver(name, use_triton):
     assert min(moved) > 0  # every block stepped
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="needs the interpreter")
+@needs_triton
 def test_solver_through_the_triton_kernels_equals_the_generic_solver():
     """The whole proximal solver with the kernel path forced (the interpreter on CPU)."""
     problem, _, _ = _solver_setup("mlp")
@@ -295,6 +299,7 @@ def test_launchers_check_their_inputs():
         prox_block_update(xhA, xhA, xhA, xhB=torch.zeros(2, 3, 5))
 
 
+@needs_triton
 @pytest.mark.parametrize("op", ["prox_neg_rho", "prox_relu_oracle", "prox_block_update"])
 def test_custom_op_registration(op):
     """Schema, fake (meta) implementation and dispatcher checks of the Triton path's op."""
@@ -330,7 +335,7 @@ def _compile_inputs() -> tuple:
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=needs_triton)])
 def test_ops_trace_into_one_graph(use_triton):
     """fullgraph tracing of the reference and of the custom ops (their fake implementations);
     aot_eager: no code generation."""
@@ -339,6 +344,7 @@ def test_ops_trace_into_one_graph(use_triton):
     torch.testing.assert_close(step(args), _step(args, use_triton))
 
 
+@needs_triton
 @pytest.mark.compile
 @pytest.mark.slow
 def test_ops_inside_inductor_fullgraph():
@@ -349,6 +355,7 @@ def test_ops_inside_inductor_fullgraph():
     torch.testing.assert_close(compiled(args), both(args))
 
 
+@needs_triton
 def test_gpu_check_smoke():
     rows = gpu_check_prox.run("cpu", smoke=True)
     checks = [row for row in rows if "ok" in row]

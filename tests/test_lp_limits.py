@@ -1,0 +1,44 @@
+"""The LP and MILP honour a seconds budget: solves left when it runs out keep the output's
+interval bound, which is sound; without a budget every solve finishes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import verify
+from tests.soundness import assert_contains, box_samples, spec_values
+
+pytest.importorskip("cvxpy")
+D = torch.float64
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(20, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10)
+    ).double()
+
+
+@pytest.mark.parametrize("method", ["lp", "milp"])
+def test_budget_holds_and_the_fallback_is_sound(method):
+    net = _net()
+    x = torch.rand(3, 20, dtype=D, generator=torch.Generator().manual_seed(0))
+    start = time.monotonic()
+    result = verify.bounds(net, 0.3, x=x, method=method, budget=0.5)
+    took = time.monotonic() - start
+    assert took < 0.5 * 1.05 + 1.0
+    assert result.stats["unsolved"] > 0  # the budget did cut the solves short
+    points = box_samples(x - 0.3, x + 0.3, 2000)
+    values = spec_values(net, points, torch.eye(10, dtype=D).expand(3, 10, 10))
+    assert_contains(result.lower, result.upper, values)
+
+
+def test_without_a_budget_every_solve_finishes():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)).double()
+    result = verify.bounds(net, 0.2, x=torch.zeros(1, 3, dtype=D), method="lp")
+    assert result.stats["unsolved"] == 0 and result.stats["solves"] == 4
