@@ -5,16 +5,28 @@ Reported energies follow one convention: the integer energy of the labelling ove
 """
 
 from crf.api import DenseCRF, MapResult
-from crf.errors import ConfigError, CRFInputError, InvalidValueError, ShapeMismatchError
-from crf.unary import labels_from_annotation, unary_from_labels, unary_from_probs
+from crf.errors import (
+    ConfigError,
+    CRFInputError,
+    InputFileError,
+    InvalidValueError,
+    OutputPathError,
+    ShapeMismatchError,
+    TooManyLabelsError,
+)
+from crf.unary import MAX_LABELS, labels_from_annotation, unary_from_labels, unary_from_probs
 
 __all__ = [
+    "MAX_LABELS",
     "CRFInputError",
     "ConfigError",
     "DenseCRF",
+    "InputFileError",
     "InvalidValueError",
     "MapResult",
+    "OutputPathError",
     "ShapeMismatchError",
+    "TooManyLabelsError",
     "labels_from_annotation",
     "unary_from_labels",
     "unary_from_probs",

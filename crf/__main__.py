@@ -2,20 +2,31 @@
 
 Writes the colour-coded labelling to OUT and an overlay picture (image blended with the
 labelling) next to it (``--overlay``, default ``OUT_overlay.png``); prints energy and time.
+Every argument, input file header and output folder is checked before any work; bad input
+exits with status 2 and a message naming the argument or file, and writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from crf.api import DenseCRF
-from crf.errors import CRFInputError
-from crf.io import load_unary, overlay, read_image, save_labels
+from crf.errors import ConfigError, CRFInputError, OutputPathError
+from crf.io import (
+    check_input_file,
+    check_output_path,
+    load_unary,
+    overlay,
+    read_image,
+    save_images,
+)
+from crf.model import KernelParams
+from crf.validate import as_budget, as_iterations
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,9 +51,38 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_args(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Check the numbers, the input files' existence and the output paths (before any work);
+    returns the labelling and overlay paths."""
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    for flag, check, value in (
+        ("--iterations", as_iterations, args.iterations),
+        ("--budget", as_budget, args.budget),
+    ):
+        try:
+            check(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+    if not (math.isfinite(args.gt_prob) and 0 < args.gt_prob < 1):
+        raise ConfigError(f"--gt-prob must lie in (0, 1), got {args.gt_prob}")
+    KernelParams(args.w_smooth, args.sigma_smooth, args.w_appearance, args.sigma_xy, args.sigma_rgb)
+    inputs = [check_input_file(args.image, "image"), check_input_file(args.unary, "unary")]
+    out = check_output_path(args.out, "--out", lossless=True)
+    ov_arg = args.overlay or out.with_name(out.stem + "_overlay.png")
+    ov = check_output_path(ov_arg, "--overlay")
+    if out.resolve() == ov.resolve():
+        raise OutputPathError(f"--out and --overlay are the same file {out}")
+    for path, flag in ((out, "--out"), (ov, "--overlay")):
+        if any(path.resolve() == i.resolve() for i in inputs):
+            raise OutputPathError(f"{flag} {path} would overwrite an input file")
+    return out, ov
+
+
 def refine(args: argparse.Namespace) -> None:
     """Run the ``refine`` command."""
-    torch.set_num_threads(max(1, args.threads))  # more threads on a shared CPU can be far slower
+    out, ov = _check_args(args)
+    torch.set_num_threads(args.threads)  # more threads on a shared CPU can be far slower
     image = read_image(args.image)
     unary, colours = load_unary(args.unary, image.shape[:2], gt_prob=args.gt_prob)
     crf = DenseCRF(
@@ -56,10 +96,7 @@ def refine(args: argparse.Namespace) -> None:
         normalize=None if args.normalize == "none" else args.normalize,
     )
     res = crf.map(args.method, iterations=args.iterations, budget=args.budget)
-    out = Path(args.out)
-    save_labels(out, res.labels, colours)
-    ov = Path(args.overlay) if args.overlay else out.with_name(out.stem + "_overlay.png")
-    Image.fromarray(overlay(image, res.labels, colours)).save(ov)
+    save_images({out: colours[res.labels], ov: overlay(image, res.labels, colours)})
     print(f"{args.method}: energy {res.energy:.6g}, {res.stats['seconds']:.3f} s -> {out}, {ov}")
 
 

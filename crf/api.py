@@ -15,10 +15,19 @@ import torch
 
 from crf.compile import CompileMode, check_mode, should_compile
 from crf.energy import labelling_energy
-from crf.errors import ConfigError, ShapeMismatchError
+from crf.errors import ConfigError
 from crf.model import CRFModel, KernelParams, build_model
 from crf.solvers import SOLVERS, SolverResult
-from crf.validate import as_image, as_labels, as_unary
+from crf.validate import (
+    as_budget,
+    as_device,
+    as_dtype,
+    as_image,
+    as_iterations,
+    as_labels,
+    as_marginals,
+    as_unary,
+)
 
 __all__ = ["DEFAULT_INIT", "DenseCRF", "MapResult"]
 
@@ -41,7 +50,8 @@ class DenseCRF:
 
     ``image``: (H, W, 3) uint8 or (B, H, W, 3); ``unary``: (H, W, M) or (B, H, W, M) float
     ``-log p``. Kernel normalisation ``"symmetric"`` (``D^-1/2 K D^-1/2``, the classic default)
-    or None. ``filtering="exact"`` uses dense O(N^2) kernels (tiny images / tests).
+    or None. ``filtering="exact"`` uses dense O(N^2) kernels (tiny images / tests). Bad input
+    raises a :class:`crf.errors.CRFInputError` subclass naming the argument (and index).
     """
 
     def __init__(
@@ -59,10 +69,10 @@ class DenseCRF:
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        self.params = KernelParams(w_smooth, sigma_smooth, w_appearance, sigma_xy, sigma_rgb)
+        dev, dtype = as_device(device), as_dtype(dtype)
         img, self.batched = as_image(image)
         un = as_unary(unary, img.shape[:3], self.batched)
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.params = KernelParams(w_smooth, sigma_smooth, w_appearance, sigma_xy, sigma_rgb)
         self.normalize = normalize
         self.image = torch.from_numpy(img).to(dev)
         unary_t = torch.from_numpy(un).to(device=dev, dtype=dtype)
@@ -108,13 +118,17 @@ class DenseCRF:
         :mod:`crf.compile`); it applies to a chained init too, and a first compile counts
         against the budget. ``options`` are fields of the method's config dataclass.
         """
-        if method not in SOLVERS:
+        if not isinstance(method, str) or method not in SOLVERS:
             raise ConfigError(f"unknown method {method!r}; choose from {sorted(SOLVERS)}")
         check_mode(compile)
+        iterations, budget = as_iterations(iterations), as_budget(budget)
+        solve, config_cls = SOLVERS[method]
+        config = self._config(config_cls, iterations, options)  # checked before any init runs
         start = time.perf_counter()
         q0, init_stats = self._init(method, init, budget, compile)
-        solve, config_cls = SOLVERS[method]
-        config = self._config(config_cls, iterations, budget, start, options)
+        if budget is not None:
+            left = max(budget - (time.perf_counter() - start), 1e-3)
+            config = replace(config, seconds=left)
         device = self.model.unary.device
         config = replace(
             config, compile=should_compile(compile, device, config.cpu_compile_default)
@@ -134,16 +148,15 @@ class DenseCRF:
         labels = res.labels.reshape(b, h, w).cpu().numpy()
         return MapResult(labels if self.batched else labels[0], self._out(reported), stats)
 
-    def _config(self, config_cls, iterations, budget, start, options):
+    def _config(self, config_cls, iterations: int | None, options: dict):
+        """The method's config from ``options`` and ``iterations`` (its checks raise
+        :class:`ConfigError`); the seconds budget is set once the init has run."""
         try:
             config = config_cls(**options)
         except TypeError as exc:
             raise ConfigError(f"{config_cls.__name__}: {exc}") from None
         if iterations is not None:
-            config = replace(config, iterations=int(iterations))
-        if budget is not None:
-            left = max(float(budget) - (time.perf_counter() - start), 1e-3)
-            config = replace(config, seconds=left)
+            config = replace(config, iterations=iterations)
         return config
 
     def _init(self, method: str, init, budget, compile) -> tuple[torch.Tensor | None, dict]:
@@ -155,20 +168,16 @@ class DenseCRF:
                 return None, {"method": "unary"}
             if init == method or init not in SOLVERS:
                 raise ConfigError(f"init {init!r} for method {method!r} is not valid")
-            share = None if budget is None else INIT_SHARE * float(budget)
+            share = None if budget is None else INIT_SHARE * budget
             res = self.map(init, budget=share, compile=compile)
             q = torch.from_numpy(res.stats["marginals"]).to(self.model.unary)
             q = q.reshape(self.model.unary.shape)
             labels = torch.from_numpy(res.labels).to(self.model.unary.device)
             info = {"method": init, "energy": res.energy, "seconds": res.stats["seconds"]}
             return q, {**info, "labels": labels.reshape(self.model.unary.shape[:2])}
-        q = as_unary(init, tuple(self.shape), self.batched, name="init")
-        if q.shape[-1] != self.model.n_labels:
-            raise ShapeMismatchError(f"init has {q.shape[-1]} labels, unary {self.model.n_labels}")
+        q = as_marginals(init, tuple(self.shape), self.model.n_labels, self.batched)
         q = torch.from_numpy(q).to(self.model.unary).reshape(self.model.unary.shape)
-        return q.clamp_min(0) / q.clamp_min(0).sum(-1, keepdim=True).clamp_min(1e-12), {
-            "method": "given"
-        }
+        return q / q.sum(-1, keepdim=True), {"method": "given"}
 
 
 def _keep_init_best(model: CRFModel, res: SolverResult, init_stats: dict) -> SolverResult:

@@ -35,7 +35,11 @@ from crf.errors import CRFInputError
 from kernels import backend
 from kernels.lattice_filter import lattice_blur, lattice_slice, lattice_splat
 
-__all__ = ["Permutohedral", "build_lattice", "gaussian_filter_exact"]
+__all__ = ["MAX_COORDINATE", "Permutohedral", "build_lattice", "gaussian_filter_exact"]
+
+#: Largest |elevated coordinate| the build accepts: the rounding to lattice points runs in
+#: float64 and converts to int64, exact only well inside 2**53.
+MAX_COORDINATE = 2.0**50
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,8 @@ def _encode(keys: torch.Tensor, batch: torch.Tensor, margin: int) -> tuple[torch
         acc *= int(s)
     if acc * (int(batch.max()) + 1) >= 2**62:
         raise CRFInputError(
-            "lattice: feature range too large for the key hash; use larger sigmas or smaller images"
+            f"lattice: the features span {acc * (int(batch.max()) + 1):.3g} lattice cells, too "
+            "many for the 64-bit key (2**62); use larger sigmas or smaller images"
         )
     stride_t = torch.tensor(strides, dtype=torch.int64, device=keys.device)
     codes = ((keys - low) * stride_t).sum(1) + batch * acc
@@ -191,7 +196,14 @@ def build_lattice(features: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     b, n, d = features.shape
     dev = features.device
     flat = features.reshape(b * n, d).to(torch.float64)
-    rem0, rank, bary = _simplex(_elevate(flat))
+    elevated = _elevate(flat)
+    top = float(elevated.abs().max()) if elevated.numel() else 0.0
+    if top >= MAX_COORDINATE:
+        raise CRFInputError(
+            f"lattice: elevated feature coordinates reach {top:.3g}, beyond the exact integer "
+            f"range {MAX_COORDINATE:.3g} of the lattice keys (features too large)"
+        )
+    rem0, rank, bary = _simplex(elevated)
     keys = _vertex_keys(rem0, rank)[..., :d].reshape(-1, d)
     batch = torch.arange(b, device=dev).repeat_interleave(n * (d + 1))
     codes, strides = _encode(keys, batch, margin=d + 2)

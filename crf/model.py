@@ -14,15 +14,36 @@ kernels (``raw``) unless told otherwise.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
-from crf.errors import ConfigError
+from crf.errors import ConfigError, CRFInputError
 from crf.pairwise import ExactKernel, LatticeKernel
 
-__all__ = ["CRFModel", "KernelParams", "KernelTerm", "build_model"]
+__all__ = [
+    "MAX_EXACT_ENTRIES",
+    "MIN_SIGMA",
+    "CRFModel",
+    "KernelParams",
+    "KernelTerm",
+    "build_model",
+]
+
+#: Smallest accepted bandwidth (pixels for sigma_smooth / sigma_xy, 0-255 levels for
+#: sigma_rgb). Positions and intensities are integers, so for a != b a kernel factor is at most
+#: exp(-1 / (2 sigma^2)), which is exactly 0.0 in float64 once sigma < 0.0259: every smaller
+#: sigma gives the same kernel, and 1e-3 leaves a wide margin. Sigmas above it whose lattice
+#: would still be too large for its 64-bit keys (big image, several tiny sigmas) raise a
+#: :class:`ConfigError` naming them when the model is built.
+MIN_SIGMA = 1e-3
+
+#: Most entries (batch x pixels x pixels) of the dense kernel of ``filtering="exact"``
+#: (2**24 float64 = 128 MiB per kernel, e.g. one 64 x 64 image): beyond, use the lattice.
+MAX_EXACT_ENTRIES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -36,14 +57,21 @@ class KernelParams:
     sigma_rgb: float = 13.0
 
     def __post_init__(self) -> None:
+        for name in ("w_smooth", "w_appearance", "sigma_smooth", "sigma_xy", "sigma_rgb"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ConfigError(f"KernelParams.{name} must be a number, got {v!r}")
         for name in ("w_smooth", "w_appearance"):
             v = float(getattr(self, name))
-            if not v >= 0 or v == float("inf"):
+            if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"KernelParams.{name} must be finite and >= 0, got {v}")
         for name in ("sigma_smooth", "sigma_xy", "sigma_rgb"):
             v = float(getattr(self, name))
-            if not 0 < v < float("inf"):
-                raise ConfigError(f"KernelParams.{name} must be finite and > 0, got {v}")
+            if not (math.isfinite(v) and v >= MIN_SIGMA):
+                raise ConfigError(
+                    f"KernelParams.{name} must be finite and >= MIN_SIGMA = {MIN_SIGMA}, got {v} "
+                    f"(below 0.0259 the kernel no longer changes: exp(-1 / (2 {name}^2)) is 0)"
+                )
 
 
 @dataclass(frozen=True)
@@ -131,6 +159,19 @@ def _features(image: torch.Tensor, params: KernelParams) -> tuple[torch.Tensor, 
     return smooth, appear
 
 
+def _check_weights(params: KernelParams, n_points: int, dtype: torch.dtype) -> None:
+    """Each weighted kernel's pairwise energy per image (at most ``w * P^2`` for P pixels, kernel
+    entries <= 1) must stay finite in ``dtype``."""
+    top = torch.finfo(dtype).max
+    for name in ("w_smooth", "w_appearance"):
+        v = float(getattr(params, name))
+        if v * float(n_points) ** 2 >= top:
+            raise ConfigError(
+                f"{name} = {v} is too large for {n_points} pixels in {dtype}: the pairwise "
+                f"energy (up to {name} * pixels^2) would overflow"
+            )
+
+
 def build_model(
     image: torch.Tensor,
     unary: torch.Tensor,
@@ -150,13 +191,26 @@ def build_model(
         raise ConfigError(f"filtering must be 'lattice' or 'exact', got {filtering!r}")
     b, h, w, m = unary.shape
     dtype = unary.dtype
+    if filtering == "exact" and b * (h * w) ** 2 > MAX_EXACT_ENTRIES:
+        raise ConfigError(
+            f"filtering='exact' needs a dense {b} x {h * w} x {h * w} kernel, more than "
+            f"MAX_EXACT_ENTRIES = {MAX_EXACT_ENTRIES} entries; use filtering='lattice'"
+        )
+    _check_weights(params, h * w, dtype)
     cls = LatticeKernel if filtering == "lattice" else ExactKernel
     smooth, appear = _features(image, params)
     terms = []
-    for weight, feats in ((params.w_smooth, smooth), (params.w_appearance, appear)):
+    named = (
+        (params.w_smooth, smooth, f"sigma_smooth={params.sigma_smooth}"),
+        (params.w_appearance, appear, f"sigma_xy={params.sigma_xy}, sigma_rgb={params.sigma_rgb}"),
+    )
+    for weight, feats, sigmas in named:
         if weight == 0:
             continue
-        kernel = cls(feats, dtype)
+        try:
+            kernel = cls(feats, dtype)
+        except CRFInputError as exc:
+            raise ConfigError(f"the kernel with {sigmas} on a {h} x {w} image: {exc}") from None
         norm = None
         if normalize == "symmetric":
             ones = torch.ones(b, h * w, 1, dtype=dtype, device=unary.device)

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from crf.errors import InvalidValueError, ShapeMismatchError
+from crf.errors import InvalidValueError, ShapeMismatchError, TooManyLabelsError
 
-__all__ = ["labels_from_annotation", "unary_from_labels", "unary_from_probs"]
+__all__ = ["MAX_LABELS", "labels_from_annotation", "unary_from_labels", "unary_from_probs"]
+
+#: Most labels an annotation (distinct non-black colours), ``unary_from_labels`` or a
+#: probability file may have: above the largest common segmentation label sets (PASCAL VOC 21,
+#: ADE20K 150, COCO-stuff 182). Thousands of colours mean a lossy (JPEG) or anti-aliased
+#: annotation, and the (H, W, M) unaries and solver buffers would take gigabytes.
+MAX_LABELS = 256
 
 
 def unary_from_probs(probs: np.ndarray, *, clip: float = 1e-5) -> np.ndarray:
@@ -27,12 +33,18 @@ def unary_from_probs(probs: np.ndarray, *, clip: float = 1e-5) -> np.ndarray:
         )
     if not np.isfinite(p).all():
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(p))[0])
-        raise InvalidValueError(f"unary_from_probs: non-finite (NaN/inf) probability at {bad}")
+        raise InvalidValueError(
+            f"unary_from_probs: non-finite (NaN/inf) probability {p[bad]} at index {bad} "
+            "(pixel..., label)"
+        )
     if (p < 0).any():
-        raise InvalidValueError("unary_from_probs: negative probabilities")
+        bad = tuple(int(i) for i in np.argwhere(p < 0)[0])
+        raise InvalidValueError(
+            f"unary_from_probs: negative probability {p[bad]:.6g} at index {bad} (pixel..., label)"
+        )
     sums = p.sum(-1)
     if np.abs(sums - 1.0).max() > 1e-3:
-        worst = np.unravel_index(np.abs(sums - 1.0).argmax(), sums.shape)
+        worst = tuple(int(i) for i in np.unravel_index(np.abs(sums - 1.0).argmax(), sums.shape))
         raise InvalidValueError(
             f"unary_from_probs: probabilities at pixel {worst} sum to {sums[worst]:.4f}, not 1"
         )
@@ -47,10 +59,18 @@ def unary_from_labels(
     With ``zero_unsure`` label 0 means unknown and labels 1..M map to classes 0..M-1; otherwise
     labels 0..M-1 are the classes themselves.
     """
+    if isinstance(gt_prob, bool) or not isinstance(gt_prob, int | float | np.number):
+        raise InvalidValueError(f"unary_from_labels: gt_prob must be a number, got {gt_prob!r}")
     if not 0.0 < gt_prob < 1.0:
         raise InvalidValueError(f"unary_from_labels: gt_prob must be in (0, 1), got {gt_prob}")
-    if int(n_labels) < 2:
+    if not isinstance(n_labels, int | np.integer) or isinstance(n_labels, bool):
+        raise InvalidValueError(f"unary_from_labels: n_labels must be an integer, got {n_labels!r}")
+    if n_labels < 2:
         raise InvalidValueError(f"unary_from_labels: need n_labels >= 2, got {n_labels}")
+    if n_labels > MAX_LABELS:
+        raise TooManyLabelsError(
+            f"unary_from_labels: n_labels = {n_labels} is more than MAX_LABELS = {MAX_LABELS}"
+        )
     lab = np.asarray(labels)
     if lab.dtype.kind not in "iub":
         raise InvalidValueError(f"unary_from_labels: labels must be integers, got {lab.dtype}")
@@ -72,19 +92,38 @@ def unary_from_labels(
     return unary
 
 
-def labels_from_annotation(annotation: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def labels_from_annotation(
+    annotation: np.ndarray, *, name: str = "annotation", max_labels: int = MAX_LABELS
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """Map an (H, W, 3) colour annotation to labels like pydensecrf's ``inference.py``.
 
     Colours are packed as ``0xRRGGBB`` and numbered in increasing order; black (0) means
     unknown and becomes label 0 (classes are then 1..M). Returns ``(labels, colours, has_unknown)``
     with ``colours`` (M, 3) uint8, the colour of class ``c`` (label ``c + 1`` when has_unknown).
+    Raises :class:`TooManyLabelsError` when M > ``max_labels`` (``name``, e.g. the file, is
+    named in the message), before anything of size H x W x M is allocated.
     """
     ann = np.asarray(annotation)
     if ann.ndim != 3 or ann.shape[-1] != 3:
-        raise ShapeMismatchError(f"labels_from_annotation: expected (H, W, 3), got {ann.shape}")
+        raise ShapeMismatchError(
+            f"{name}: expected an (H, W, 3) colour annotation, got {ann.shape}"
+        )
+    if ann.dtype.kind not in "uib" or (ann.size and (ann.min() < 0 or ann.max() > 255)):
+        raise InvalidValueError(
+            f"{name}: expected uint8 colours in [0, 255], got dtype {ann.dtype}"
+        )
+    if ann.size == 0:
+        raise ShapeMismatchError(f"{name}: empty annotation of shape {ann.shape}")
     a = ann.astype(np.uint32)
     packed = (a[..., 0] << 16) | (a[..., 1] << 8) | a[..., 2]
     colours, labels = np.unique(packed, return_inverse=True)
+    n_classes = len(colours) - int(colours[0] == 0)
+    if n_classes > max_labels:
+        raise TooManyLabelsError(
+            f"{name}: {n_classes} distinct non-black colours (labels) found, more than the cap "
+            f"of {max_labels} (crf.unary.MAX_LABELS); a lossy (JPEG) or anti-aliased annotation? "
+            "Save annotations losslessly (PNG) with one flat colour per label"
+        )
     labels = labels.reshape(packed.shape)
     has_unknown = bool(colours[0] == 0)
     if has_unknown:

@@ -4,15 +4,35 @@ instead of crashes inside the filtering. Arrays are always copied (read-only inp
 
 from __future__ import annotations
 
+import math
+import numbers
+from os import PathLike
+
 import numpy as np
 import torch
 
-from crf.errors import InvalidValueError, ShapeMismatchError
+from crf.errors import ConfigError, InvalidValueError, ShapeMismatchError
 
-__all__ = ["as_image", "as_labels", "as_unary"]
+__all__ = [
+    "as_budget",
+    "as_device",
+    "as_dtype",
+    "as_image",
+    "as_iterations",
+    "as_labels",
+    "as_marginals",
+    "as_unary",
+]
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
 def _numpy(x, name: str) -> np.ndarray:
+    if isinstance(x, str | bytes | PathLike):
+        raise InvalidValueError(
+            f"{name}: got the path {x!r}, expected an array; read files first "
+            "(crf.io.read_image / crf.io.load_unary)"
+        )
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     try:
@@ -78,12 +98,85 @@ def as_unary(unary, bhw: tuple[int, int, int], batched: bool, name: str = "unary
         raise ShapeMismatchError(
             f"{name}: (batch, height, width) {u.shape[:3]} disagrees with the image's {tuple(bhw)}"
         )
-    if not np.isfinite(u).all():
-        where = tuple(int(i) for i in np.argwhere(~np.isfinite(u))[0])
-        raise InvalidValueError(
-            f"{name}: non-finite value (NaN/inf) at (batch, y, x, label) {where}"
-        )
-    return np.ascontiguousarray(u, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        u32 = np.ascontiguousarray(u, dtype=np.float32)
+    if not np.isfinite(u32).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(u32))[0])
+        kind = "non-finite value (NaN/inf)" if not np.isfinite(u[where]) else "value beyond float32"
+        index = where if batched else where[1:]
+        axes = "(batch, y, x, label)" if batched else "(y, x, label)"
+        raise InvalidValueError(f"{name}: {kind} {float(u[where]):.6g} at {axes} {index}")
+    return u32
+
+
+def as_marginals(init, bhw: tuple[int, int, int], n_labels: int, batched: bool) -> np.ndarray:
+    """(B, H, W, M) float32 copy of initial marginals (not normalised); entries must be finite
+    and >= 0 with a positive sum at every pixel (the first offending index is named)."""
+    q = as_unary(init, bhw, batched, name="init")
+    if q.shape[-1] != n_labels:
+        raise ShapeMismatchError(f"init has {q.shape[-1]} labels, unary {n_labels}")
+    axes = "(batch, y, x, label)" if batched else "(y, x, label)"
+    if (q < 0).any():
+        where = tuple(int(i) for i in np.argwhere(q < 0)[0])
+        index = where if batched else where[1:]
+        raise InvalidValueError(f"init: negative marginal {float(q[where]):.6g} at {axes} {index}")
+    sums = q.sum(-1, dtype=np.float64)
+    if (sums <= 0).any():
+        where = tuple(int(i) for i in np.argwhere(sums <= 0)[0])
+        index = where if batched else where[1:]
+        axes = "(batch, y, x)" if batched else "(y, x)"
+        raise InvalidValueError(f"init: marginals sum to 0 at pixel {axes} {index}")
+    return q
+
+
+def as_iterations(iterations) -> int | None:
+    """None or a whole number >= 1 (an integral float such as 5.0 is accepted)."""
+    if iterations is None:
+        return None
+    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Real):
+        raise ConfigError(f"iterations must be a whole number >= 1, got {iterations!r}")
+    value = float(iterations)
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise ConfigError(f"iterations must be a whole number >= 1, got {iterations!r}")
+    return int(value)
+
+
+def as_budget(budget) -> float | None:
+    """None or a finite number of seconds > 0."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise ConfigError(f"budget must be a number of seconds > 0, got {budget!r}")
+    value = float(budget)
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"budget must be a finite number of seconds > 0, got {budget!r}")
+    return value
+
+
+def as_device(device) -> torch.device:
+    """A usable torch device ("cpu", "cuda", "cuda:1", ...; None = CPU)."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"device {device!r} is not a torch device ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r}: only 'cpu' and 'cuda' devices are supported")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device {device!r}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device {device!r}: only {count} CUDA device(s) are present")
+    return dev
+
+
+def as_dtype(dtype) -> torch.dtype:
+    """torch.float32 or torch.float64 (the filtering and solver precision)."""
+    if dtype not in FLOAT_DTYPES:
+        raise ConfigError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
 
 
 def as_labels(labels, bhw: tuple[int, int, int], n_labels: int, batched: bool) -> np.ndarray:

@@ -3,7 +3,8 @@
 Uses ``../shared/data/densecrf/im1.png`` and ``anno1.png`` when present (the classic pydensecrf
 example), otherwise a small synthetic image with a scribbled annotation. Prints each method's
 energy (our one convention: integer labelling, ordered pairs, un-normalised kernels) and time,
-and writes the labellings and an overlay picture into ``--out`` (default: a temp folder).
+and writes the labellings and an overlay picture into ``--out`` (default: a temp folder; a
+given folder is created if its parent exists, and is checked before any work).
 
     python examples/crf_refine.py [--out DIR] [--synthetic]
 """
@@ -11,6 +12,7 @@ and writes the labellings and an overlay picture into ``--out`` (default: a temp
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 from PIL import Image
 
 import crf
+from crf.errors import CRFInputError, OutputPathError
 from crf.io import overlay, read_image, save_labels
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "densecrf"
@@ -37,11 +40,26 @@ def synthetic() -> tuple[np.ndarray, np.ndarray]:
     return img, ann
 
 
+def output_folder(out: str | None) -> Path:
+    """The folder to write into: ``out`` (must be a folder or not exist yet, in an existing
+    parent folder; created here) or a new temporary folder. Raises :class:`OutputPathError`."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="crf_refine_"))
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise OutputPathError(f"--out {folder} is a file, not a folder")
+    if not folder.parent.is_dir():
+        raise OutputPathError(f"--out {folder}: the parent folder {folder.parent} does not exist")
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--synthetic", action="store_true")
     args = parser.parse_args(argv)
+    out = output_folder(args.out)
     torch.set_num_threads(1)  # on a shared 2-core CPU, 2 threads ran up to 30x slower
     if DATA.is_dir() and not args.synthetic:
         img, ann = read_image(DATA / "im1.png"), read_image(DATA / "anno1.png")
@@ -59,8 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
         sigma_rgb=13,
         normalize="symmetric",
     )
-    out = Path(args.out or tempfile.mkdtemp(prefix="crf_refine_"))
-    out.mkdir(parents=True, exist_ok=True)
     energies = {}
     for method in ("meanfield", "qp", "dc-neg", "lp"):
         res = model.map(method)
@@ -73,4 +89,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CRFInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
