@@ -324,6 +324,11 @@ SMALL_CASES = {
         ],
         [1, 2, 3, 4],
     ),
+    "folded_flatten_negative_axis": (
+        [n("Flatten c -> f", axis=-1), n("Add x,f -> y")],
+        [tensor("c", (1, 2, 3))],
+        [1, 2, 3],
+    ),
     "identity_dropout_flatten_axis2": (
         [n("Identity x -> i"), n("Dropout i -> d"), n("Relu d -> r"), n("Flatten r -> y", axis=2)],
         [],
@@ -452,9 +457,9 @@ def test_missing_file_raises_specification_error(tmp_path: Path) -> None:
         load_onnx(tmp_path / "does_not_exist.onnx")
 
 
-def test_missing_initializer_raises_specification_error(tmp_path: Path) -> None:
+def test_missing_initializer_names_the_node(tmp_path: Path) -> None:
     model = make_model([n("MatMul x,W_missing -> y")], [], [1, 4])
-    with pytest.raises(SpecificationError):
+    with pytest.raises(InvalidNetworkError, match=r"'MatMul_y' \(MatMul\) reads 'W_missing'"):
         load_model(tmp_path, model)
 
 

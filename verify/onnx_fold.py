@@ -5,10 +5,16 @@ shape of an activation fed to `Shape`) is evaluated here, so that e.g. the
 `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` pattern of `x.view(x.size(0), -1)` reaches the
 graph builder as a plain constant shape. Semantics follow the ONNX operator specification
 (https://onnx.ai/onnx/operators/); only the ops needed for shape and weight arithmetic are here.
+
+Also here, shared by the loader and the translation (`verify.onnx_ops`): the size cap
+`MAX_ELEMENTS` (checked before a tensor is allocated), the float types accepted for weights and
+their lossless conversion to float32 (`float_weight`), NaN/Inf detection, and the typed errors
+that name an ONNX node by name and op type (`unsupported`, `mismatch`, `invalid`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +22,79 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from bounds.errors import (
+    InvalidNetworkError,
+    ShapeMismatchError,
+    UnsupportedOperationError,
+    VerificationInputError,
+)
+
 Attrs = dict[str, Any]
 Folder = Callable[[Attrs, list[Any]], np.ndarray]
+
+# The most elements one tensor may have: the declared network input, each batch-1 activation
+# and each folded constant (2**26 float32 values = 256 MiB). Larger ones are refused before
+# they are allocated.
+MAX_ELEMENTS = 2**26
+# Weight types that widen exactly to float32 (float64 only when each value is a float32).
+FLOAT_DTYPES = frozenset(
+    np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t))
+    for t in (
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+    )
+)
+
+
+def is_float(array: np.ndarray) -> bool:
+    """Whether `array` holds one of FLOAT_DTYPES (bfloat16 is not a numpy 'floating' type)."""
+    return array.dtype in FLOAT_DTYPES
+
+
+def nonfinite_where(array: np.ndarray) -> str:
+    """'' when `array` is not a float array or is finite; else 'nan at index (i, j) (k values
+    are NaN or Inf)' for the first offending entry."""
+    if not is_float(array):
+        return ""
+    values = array if array.dtype.kind == "f" else array.astype(np.float32)
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return ""
+    where = np.unravel_index(int(np.argmax(bad)), values.shape)
+    index = tuple(int(i) for i in where)
+    return f"{values[where]} at index {index} ({int(bad.sum())} of {values.size} not finite)"
+
+
+def check_elements(shape: Any, what: str = "the result") -> None:
+    """Raise ValueError when a tensor of `shape` would exceed MAX_ELEMENTS (or has a negative
+    dimension), before it is allocated."""
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{what} would have a negative dimension: {dims}")
+    size = math.prod(dims)
+    if size > MAX_ELEMENTS:
+        raise ValueError(
+            f"{what} would have {size} elements ({dims}), more than the {MAX_ELEMENTS} accepted "
+            "(MAX_ELEMENTS)"
+        )
+
+
+def normalize_axes(axes: Any, rank: int) -> list[int]:
+    """Sorted non-negative axes; ValueError for non-integers, repeats or axes outside
+    [-rank, rank)."""
+    values = np.asarray(axes)
+    if values.dtype.kind not in "iu":
+        raise ValueError(f"axes {values.tolist()} must be integers")
+    out = []
+    for a in values.ravel().tolist():
+        if not -rank <= a < rank:
+            raise ValueError(f"axis {a} is out of range for rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise ValueError(f"axes {values.tolist()} repeat an axis")
+    return sorted(out)
 
 
 def node_attributes(node: onnx.NodeProto) -> Attrs:
@@ -49,8 +126,8 @@ def _axes(attrs: Attrs, xs: list[Any], rank: int) -> list[int] | None:
     """Axes given as an attribute (opset < 13) or as the second input, made non-negative."""
     axes = attrs.get("axes")
     if axes is None and len(xs) > 1 and xs[1] is not None:
-        axes = xs[1].tolist()
-    return None if axes is None else sorted(int(a) % rank for a in np.ravel(axes))
+        axes = xs[1]
+    return None if axes is None else normalize_axes(axes, rank)
 
 
 def _squeeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
@@ -59,6 +136,8 @@ def _squeeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
 
 
 def _unsqueeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+    if "axes" not in attrs and (len(xs) < 2 or xs[1] is None):
+        raise ValueError("Unsqueeze needs axes")
     n_axes = len(np.ravel(attrs["axes"] if "axes" in attrs else xs[1]))
     out = xs[0]
     for axis in _axes(attrs, xs, xs[0].ndim + n_axes) or []:
@@ -67,11 +146,25 @@ def _unsqueeze(attrs: Attrs, xs: list[Any]) -> np.ndarray:
 
 
 def resolve_reshape(in_shape: tuple[int, ...], shape: Any, allowzero: int = 0) -> tuple[int, ...]:
-    """The output shape of ONNX Reshape: 0 copies the input dimension (unless allowzero)."""
-    target = [int(d) for d in np.ravel(shape)]
+    """The output shape of ONNX Reshape: 0 copies the input dimension (unless allowzero), one -1
+    takes what is left. ValueError (saying why) when `shape` does not fit `in_shape`."""
+    values = np.asarray(shape)
+    if values.dtype.kind not in "iu" or values.ndim > 1:
+        raise ValueError(f"the target shape {values.tolist()} must be a 1-D integer tensor")
+    target = [int(d) for d in values.ravel()]
     if not allowzero:
-        target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
-    return tuple(np.empty(in_shape, dtype=np.uint8).reshape(target).shape)
+        for i, d in enumerate(target):
+            if d == 0 and i >= len(in_shape):
+                raise ValueError(f"0 at position {i} of {target} copies no dimension of {in_shape}")
+            target[i] = in_shape[i] if d == 0 else d
+    if any(d < -1 for d in target) or target.count(-1) > 1:
+        raise ValueError(f"the target shape {target} has a size < -1 or several -1")
+    total, known = math.prod(in_shape), math.prod(d for d in target if d != -1)
+    if -1 in target and known and total % known == 0:
+        target[target.index(-1)] = total // known
+    if -1 in target or math.prod(target) != total:
+        raise ValueError(f"cannot reshape {in_shape} ({total} elements) to {values.tolist()}")
+    return tuple(target)
 
 
 def _reshape(attrs: Attrs, xs: list[Any]) -> np.ndarray:
@@ -79,8 +172,15 @@ def _reshape(attrs: Attrs, xs: list[Any]) -> np.ndarray:
     return xs[0].reshape(resolve_reshape(xs[0].shape, shape, attrs.get("allowzero", 0)))
 
 
+def flatten_axis(axis: int, rank: int) -> int:
+    """Flatten's axis in [0, rank]; ValueError outside [-rank, rank]."""
+    if not -rank <= axis <= rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 def _flatten(attrs: Attrs, xs: list[Any]) -> np.ndarray:
-    axis = attrs.get("axis", 1) % (xs[0].ndim + 1)
+    axis = flatten_axis(attrs.get("axis", 1), xs[0].ndim)
     return xs[0].reshape(int(np.prod(xs[0].shape[:axis])), -1)
 
 
@@ -108,6 +208,8 @@ def _slice(attrs: Attrs, xs: list[Any]) -> np.ndarray:
 def _div(attrs: Attrs, xs: list[Any]) -> np.ndarray:
     a, b = xs
     if np.issubdtype(a.dtype, np.integer):
+        if not np.all(b != 0):
+            raise ValueError("integer division by zero")
         return np.trunc(a / b).astype(a.dtype)
     return (a / b).astype(a.dtype)
 
@@ -123,7 +225,11 @@ def _same_type(fn: Callable[..., np.ndarray]) -> Folder:
 
 
 def _cast(attrs: Attrs, xs: list[Any]) -> np.ndarray:
-    return xs[0].astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(attrs["to"])
+    except KeyError as err:
+        raise ValueError(f"Cast to unknown type {attrs.get('to')}") from err
+    return xs[0].astype(dtype)
 
 
 def _transpose(attrs: Attrs, xs: list[Any]) -> np.ndarray:
@@ -166,10 +272,180 @@ FOLDERS: dict[str, Folder] = {
 }
 
 
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """np.matmul's result shape up to size-1 dimensions (1-D operands count as matrices)."""
+    a, b = (a if len(a) > 1 else (1, *a)), (b if len(b) > 1 else (*b, 1))
+    return (*np.broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
+
+
+def _range_length(attrs: Attrs, xs: list[Any]) -> tuple[int]:
+    start, limit, delta = (float(np.ravel(x)[0]) for x in xs[:3])
+    if delta == 0:
+        raise ValueError("Range with delta 0")
+    return (max(math.ceil((limit - start) / delta), 0),)
+
+
+def _gather_shape(attrs: Attrs, xs: list[Any]) -> tuple[int, ...]:
+    data, indices = np.shape(xs[0]), np.shape(xs[1])
+    axis = normalize_axes(np.int64(attrs.get("axis", 0)), len(data))[0]
+    return (*data[:axis], *indices, *data[axis + 1 :])
+
+
+def _broadcast(attrs: Attrs, xs: list[Any]) -> tuple[int, ...]:
+    return np.broadcast_shapes(*(np.shape(x) for x in xs))
+
+
+# Result shapes of the folders whose output can be much larger than their inputs, checked
+# against MAX_ELEMENTS before anything is allocated.
+_RESULT_SHAPES: dict[str, Callable[[Attrs, list[Any]], Any]] = {
+    "ConstantOfShape": lambda attrs, xs: np.ravel(xs[0]).tolist(),
+    "Expand": lambda attrs, xs: np.broadcast_shapes(
+        np.shape(xs[0]), tuple(int(d) for d in np.ravel(xs[1]))
+    ),
+    "Range": _range_length,
+    "MatMul": lambda attrs, xs: _matmul_shape(np.shape(xs[0]), np.shape(xs[1])),
+    "Gather": _gather_shape,
+    "Concat": lambda attrs, xs: (sum(np.size(x) for x in xs),),
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Min", "Max", "Equal", "Where"), _broadcast),
+}
+
+
 def fold(node: onnx.NodeProto, inputs: list[Any]) -> np.ndarray:
     """Evaluate `node` (first output only) on constant numpy `inputs` (None for absent ones).
 
-    Raises KeyError when the op cannot be folded and ValueError/IndexError on malformed nodes.
+    Raises KeyError when the op cannot be folded and ValueError/IndexError on malformed nodes
+    (also when the result would exceed MAX_ELEMENTS). NaN/Inf results are returned as they are
+    (numpy's warnings silenced): the caller checks them.
     """
     folder = FOLDERS[node.op_type]
-    return np.asarray(folder(node_attributes(node), inputs))
+    attrs = node_attributes(node)
+    if node.op_type in _RESULT_SHAPES:
+        check_elements(_RESULT_SHAPES[node.op_type](attrs, inputs), f"{node.op_type}'s result")
+    with np.errstate(all="ignore"):
+        return np.asarray(folder(attrs, inputs))
+
+
+# ----------------------------------------------------------------------------- node checks
+# Typed errors naming the node, and the checks of weights and window geometry that the
+# translation (`verify.onnx_ops`) applies before it builds a module.
+
+
+def node_label(node: onnx.NodeProto) -> str:
+    """The node's name, or its first output's name when the exporter left the name empty."""
+    return node.name or (f"<output {node.output[0]}>" if node.output else "<unnamed>")
+
+
+def unsupported(node: onnx.NodeProto, detail: str) -> UnsupportedOperationError:
+    return UnsupportedOperationError(node.op_type, node_label(node), detail)
+
+
+def node_error(
+    cls: type[VerificationInputError], node: onnx.NodeProto, detail: str
+) -> VerificationInputError:
+    """`cls` with the message "node NAME (OpType): detail"."""
+    return cls(f"node {node_label(node)!r} ({node.op_type}): {detail}")
+
+
+def mismatch(node: onnx.NodeProto, detail: str) -> ShapeMismatchError:
+    """Weights or shapes that do not fit the node's inputs."""
+    return node_error(ShapeMismatchError, node, detail)
+
+
+def invalid(node: onnx.NodeProto, detail: str) -> InvalidNetworkError:
+    """A malformed node: bad attribute values, NaN/Inf or non-float weights."""
+    return node_error(InvalidNetworkError, node, detail)
+
+
+def float_weight(node: onnx.NodeProto, name: str, array: np.ndarray) -> np.ndarray:
+    """`array` (the constant `name` read by `node`) as float32, losslessly: float16/bfloat16
+    widen exactly; float64 must hold float32 values; other types and NaN/Inf are refused."""
+    if not is_float(array):
+        raise invalid(node, f"weight {name!r} has dtype {array.dtype}; it needs a float type")
+    problem = nonfinite_where(array)
+    if problem:
+        raise invalid(node, f"weight {name!r} contains {problem}")
+    out = array.astype(np.float32)
+    if array.dtype == np.float64 and not np.array_equal(out, array):
+        where = np.unravel_index(int(np.argmax(out != array)), array.shape)
+        index = tuple(int(i) for i in where)
+        raise unsupported(
+            node,
+            f"float64 weight {name!r} is not exactly a float32 ({float(array[where])!r} at index "
+            f"{index}); float64 networks load only when no weight would be rounded: convert "
+            "the model to float32 first",
+        )
+    return out
+
+
+def check_finite(node: onnx.NodeProto, what: str, array: np.ndarray) -> np.ndarray:
+    """`array` unchanged; InvalidNetworkError when scaling made it overflow to Inf."""
+    problem = nonfinite_where(array)
+    if problem:
+        raise invalid(node, f"{what} contains {problem}")
+    return array
+
+
+def check_size(node: onnx.NodeProto, shape: tuple[int, ...]) -> None:
+    """Refuse an output of more than MAX_ELEMENTS before it is computed."""
+    try:
+        check_elements(shape, "its output")
+    except ValueError as err:
+        raise invalid(node, str(err)) from err
+
+
+def strides_dilations(node: onnx.NodeProto, attrs: dict, n: int) -> tuple[list, list]:
+    strides = list(attrs.get("strides", [1] * n))
+    dilations = list(attrs.get("dilations", [1] * n))
+    if len(strides) != n or len(dilations) != n or min(strides + dilations) < 1:
+        raise invalid(node, f"strides {strides} and dilations {dilations} need {n} values >= 1")
+    return strides, dilations
+
+
+def spatial_output(
+    node: onnx.NodeProto,
+    shape: tuple[int, ...],
+    kernel: list,
+    strides: list,
+    pads: list,
+    dilations: list,
+) -> list[int]:
+    """Output sizes of a window op (floor mode); ShapeMismatchError when a window does not fit."""
+    out = []
+    for size, k, s, p, d in zip(shape[2:], kernel, strides, pads, dilations):
+        span = size + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            raise mismatch(
+                node,
+                f"the window {kernel} (dilations {dilations}) is larger than the input "
+                f"{shape} padded by {pads}",
+            )
+        out.append(span // s + 1)
+    return out
+
+
+def symmetric_pads(
+    node: onnx.NodeProto, attrs: dict, shape: tuple[int, ...], kernel: list[int]
+) -> list[int]:
+    """Per-axis padding of Conv/AveragePool; auto_pad SAME_* only when it is symmetric."""
+    spatial = shape[2:]
+    strides, dilations = strides_dilations(node, attrs, len(kernel))
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise invalid(node, f"unknown auto_pad {auto_pad!r}")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            pads.append(total // 2 if total % 2 == 0 else -1)
+        if -1 in pads:
+            raise unsupported(node, f"auto_pad={auto_pad} gives asymmetric padding")
+        return pads
+    if auto_pad == "VALID":
+        return [0] * len(kernel)
+    pads = attrs.get("pads", [0] * (2 * len(kernel)))
+    n = len(kernel)
+    if len(pads) != 2 * n or min(pads) < 0:
+        raise invalid(node, f"pads {list(pads)} need {2 * n} values >= 0")
+    if list(pads[:n]) != list(pads[n:]):
+        raise unsupported(node, f"asymmetric pads {list(pads)} are not supported")
+    return list(pads[:n])

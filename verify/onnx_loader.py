@@ -9,11 +9,23 @@ VNN-COMP files fix the batch to 1. Example::
     net = load_onnx("acasxu/onnx/ACASXU_run2a_1_1_batch_2000.onnx.gz")
     net.input_shape, net.output_shape   # (1, 1, 5), (5,)  -- without the batch dimension
     y = net(torch.zeros(8, *net.input_shape))   # (8, 5)
+
+Floating-point types. The module is float32. Weights stored as float16 or bfloat16 are widened to
+float32, which is exact: the module computes the very function the file defines, in float32
+arithmetic, and bounds computed on it are bounds of that real-valued network (like for float32
+files, they do not model the rounding of a half-precision runtime). float64 weights are accepted
+only when every value is exactly a float32 (then nothing changes); otherwise the loader refuses
+(`UnsupportedOperationError` naming the node and the weight) rather than verify a rounded copy.
+
+Bad input raises a typed error before any verification work: `SpecificationError` (with the path)
+for unreadable or malformed files, `InvalidNetworkError`, `ShapeMismatchError` or
+`UnsupportedOperationError` naming the ONNX node (name and op type) for graph problems.
 """
 
 from __future__ import annotations
 
-import gzip
+import heapq
+import math
 import os
 import zlib
 from pathlib import Path
@@ -28,13 +40,37 @@ try:
 except ImportError as _err:  # pragma: no cover - onnx is a declared dependency
     raise ImportError("verify.onnx_loader needs the 'onnx' package: pip install onnx") from _err
 
-from bounds.errors import InvalidNetworkError
+from bounds.errors import (
+    InvalidNetworkError,
+    ShapeMismatchError,
+    UnsupportedOperationError,
+    VerificationInputError,
+)
 from verify.errors import SpecificationError
-from verify.onnx_fold import FOLDERS, fold
-from verify.onnx_ops import HANDLERS, GraphBuilder, Traced, node_label, unsupported
+from verify.onnx_fold import (
+    FOLDERS,
+    MAX_ELEMENTS,
+    fold,
+    node_label,
+    nonfinite_where,
+    unsupported,
+)
+from verify.onnx_ops import HANDLERS, GraphBuilder, Traced
+
+# The largest (decompressed) model file read: protobuf messages cannot exceed 2 GiB.
+MAX_MODEL_BYTES = 2**31 - 1
+# Bound on all batch-1 activations of one network together (each one is <= MAX_ELEMENTS).
+MAX_TOTAL_ELEMENTS = 2**28
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_FLOAT_INPUTS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+_FLOAT_INPUTS = frozenset(
+    (
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+    )
+)
 
 
 def load_onnx(path: str | os.PathLike[str]) -> fx.GraphModule:
@@ -44,51 +80,210 @@ def load_onnx(path: str | os.PathLike[str]) -> fx.GraphModule:
     `input_shape` and `output_shape` (tuples without the batch dimension) and `source_path`.
 
     Raises `SpecificationError` for unreadable or malformed files, `InvalidNetworkError` for
-    NaN/Inf weights and `UnsupportedOperationError` for operations outside the supported set.
+    NaN/Inf or non-float weights and malformed graphs, `ShapeMismatchError` for weights that do
+    not fit their inputs and `UnsupportedOperationError` for operations outside the supported
+    set. Nothing is written.
     """
     path_str = str(path)
     model = _read_model(path_str)
-    module = _convert(model, path_str)
+    network_input = _check_graph(model, path_str)
+    module = _convert(model, network_input, path_str)
     module.source_path = path_str
     return module
 
 
-def _read_model(path: str) -> onnx.ModelProto:
+# ----------------------------------------------------------------------------- reading
+
+
+def _read_bytes(path: str) -> bytes:
+    """The file's content, gunzipped when it starts with the gzip magic."""
+    file = Path(path)
+    if not file.exists():
+        raise SpecificationError("no such ONNX file", path=path)
+    if file.is_dir():
+        raise SpecificationError("is a directory, not an ONNX file", path=path)
+    if not file.is_file():  # a device or a pipe could be endless
+        raise SpecificationError("is not a regular file", path=path)
     try:
-        data = Path(path).read_bytes()
+        if file.stat().st_size > MAX_MODEL_BYTES:
+            raise SpecificationError("larger than the 2 GiB protobuf limit", path=path)
+        data = file.read_bytes()
     except OSError as err:
         raise SpecificationError(f"cannot read the ONNX file: {err}", path=path) from err
+    if not data:
+        raise SpecificationError("the file is empty (0 bytes), not an ONNX model", path=path)
     if data[:2] == _GZIP_MAGIC:
+        data = _gunzip(data, path)
+        if not data:
+            raise SpecificationError("the gzip stream holds no data", path=path)
+    return data
+
+
+def _gunzip(data: bytes, path: str) -> bytes:
+    """Decompress every gzip member of `data`, refusing more than MAX_MODEL_BYTES."""
+    out = bytearray()
+    rest = data
+    while rest:
+        stream = zlib.decompressobj(wbits=31)
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as err:
+            out += stream.decompress(rest, MAX_MODEL_BYTES + 1 - len(out))
+        except zlib.error as err:
             raise SpecificationError(f"corrupt gzip stream: {err}", path=path) from err
+        if len(out) > MAX_MODEL_BYTES or stream.unconsumed_tail:
+            raise SpecificationError("decompresses to more than the 2 GiB limit", path=path)
+        if not stream.eof:
+            raise SpecificationError("truncated gzip stream (it ends early)", path=path)
+        rest = stream.unused_data
+        if not rest.strip(b"\0"):  # trailing zero padding, as `gzip` accepts
+            break
+    return bytes(out)
+
+
+def _read_model(path: str) -> onnx.ModelProto:
+    data = _read_bytes(path)
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as err:
         raise SpecificationError(f"not an ONNX protobuf: {err}", path=path) from err
+    if not model.HasField("graph") or model.ir_version <= 0:
+        what = "no graph" if not model.HasField("graph") else "no IR version"
+        raise SpecificationError(f"not an ONNX model ({what}); another protobuf?", path=path)
     _load_external_data(model, path)
+    return model
+
+
+def _check_graph(model: onnx.ModelProto, path: str) -> tuple[str, tuple[int, ...]]:
+    """Structure, network input and the ONNX checker, before any tensor is built; returns the
+    network input's name and (batch-1) shape."""
+    _check_structure(model.graph, path)
+    network_input = _network_input(model.graph, {t.name for t in model.graph.initializer}, path)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as err:
         raise SpecificationError(f"invalid ONNX model: {err}", path=path) from err
-    return model
+    return network_input
+
+
+def _stored_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Initializers and the tensors held in node attributes (e.g. of `Constant`)."""
+    tensors = list(graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            tensors += [attr.t] if attr.HasField("t") else []
+            tensors += list(attr.tensors)
+    return tensors
 
 
 def _load_external_data(model: onnx.ModelProto, path: str) -> None:
-    tensors = [t for t in model.graph.initializer if external_data_helper.uses_external_data(t)]
-    if not tensors:
-        return
-    try:
-        external_data_helper.load_external_data_for_model(model, str(Path(path).parent))
-    except (OSError, ValueError) as err:
-        raise SpecificationError(f"cannot load external tensor data: {err}", path=path) from err
+    """Read tensors saved beside the model (`save_as_external_data=True`), from its folder."""
+    folder = Path(path).parent.resolve()
+    for tensor in _stored_tensors(model.graph):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        what = f"external data of tensor {tensor.name!r}"
+        try:
+            location = external_data_helper.ExternalDataInfo(tensor).location
+        except ValueError as err:
+            raise SpecificationError(f"{what}: {err}", path=path) from err
+        if not location or Path(location).is_absolute() or ".." in Path(location).parts:
+            raise SpecificationError(f"{what}: location {location!r} is not inside {folder}", path)
+        file = folder / location
+        if not file.is_file():
+            raise SpecificationError(f"{what}: missing file {location!r} (in {folder})", path)
+        try:
+            external_data_helper.load_external_data_for_tensor(tensor, str(folder))
+        except (OSError, ValueError, onnx.checker.ValidationError) as err:
+            raise SpecificationError(f"{what} in {location!r}: {err}", path=path) from err
+
+
+# ----------------------------------------------------------------------------- graph structure
+
+
+def _describe(node: onnx.NodeProto) -> str:
+    return f"node {node_label(node)!r} ({node.op_type})"
+
+
+def _check_structure(graph: onnx.GraphProto, path: str) -> None:
+    """One output; every node input is defined once; no cycle. Sorts the nodes topologically
+    (in place) when they are listed out of order."""
+    if len(graph.output) != 1:
+        names = [o.name for o in graph.output]
+        raise SpecificationError(f"expected one graph output, found {len(names)}: {names}", path)
+    given = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for name in filter(None, node.output):
+            if name in given or name in producer:
+                other = _describe(producer[name]) if name in producer else "an input/initializer"
+                raise InvalidNetworkError(
+                    f"{path}: {_describe(node)} writes {name!r}, already defined by {other}"
+                )
+            producer[name] = node
+    for node in graph.node:
+        for name in filter(None, node.input):
+            if name not in given and name not in producer:
+                raise InvalidNetworkError(
+                    f"{path}: {_describe(node)} reads {name!r}, which no node, initializer or "
+                    "graph input defines"
+                )
+    output = graph.output[0].name
+    if output not in given and output not in producer:
+        raise SpecificationError(f"the graph output {output!r} is defined by no node", path)
+    order = _topological_order(list(graph.node), producer, path)
+    if [id(n) for n in order] != [id(n) for n in graph.node]:
+        copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
+        del graph.node[:]
+        graph.node.extend(copies)
+
+
+def _topological_order(
+    nodes: list[onnx.NodeProto], producer: dict[str, onnx.NodeProto], path: str
+) -> list[onnx.NodeProto]:
+    """Kahn's algorithm, keeping the file's order among ready nodes; names a cycle if any."""
+    index = {id(n): k for k, n in enumerate(nodes)}
+    deps = [{index[id(producer[i])] for i in n.input if i in producer} for n in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(k)
+    waiting = [len(ds) for ds in deps]
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for u in users[k]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(nodes):
+        raise InvalidNetworkError(f"{path}: the graph has a cycle: {_cycle(nodes, deps, order)}")
+    return [nodes[k] for k in order]
+
+
+def _cycle(nodes: list[onnx.NodeProto], deps: list[set[int]], done: list[int]) -> str:
+    """'a (Relu) -> b (Relu) -> a (Relu)': walk back along unfinished dependencies."""
+    left = set(range(len(nodes))) - set(done)
+    walk = [min(left)]
+    while True:
+        nxt = min(d for d in deps[walk[-1]] if d in left)
+        if nxt in walk:
+            loop = [*walk[walk.index(nxt) :], nxt][::-1]
+            return " -> ".join(f"{node_label(nodes[k])!r} ({nodes[k].op_type})" for k in loop)
+        walk.append(nxt)
+
+
+# ----------------------------------------------------------------------------- constants, input
 
 
 def _initializers(graph: onnx.GraphProto, path: str) -> dict[str, np.ndarray]:
     if len(graph.sparse_initializer):
         raise SpecificationError("sparse initializers are not supported", path=path)
+    readers: dict[str, onnx.NodeProto] = {}
+    for node in reversed(graph.node):
+        readers.update(dict.fromkeys(node.input, node))
     out = {}
     for tensor in graph.initializer:
         try:
@@ -97,32 +292,58 @@ def _initializers(graph: onnx.GraphProto, path: str) -> dict[str, np.ndarray]:
             raise SpecificationError(
                 f"unreadable initializer {tensor.name!r}: {err}", path
             ) from err
-        _check_finite(array, f"initializer {tensor.name!r}", path)
+        problem = nonfinite_where(array)
+        if problem:
+            reader = readers.get(tensor.name)
+            user = f"read by {_describe(reader)}" if reader else "read by no node"
+            raise InvalidNetworkError(
+                f"{path}: initializer {tensor.name!r} ({user}) contains {problem}"
+            )
         out[tensor.name] = array
     return out
-
-
-def _check_finite(array: np.ndarray, what: str, path: str) -> None:
-    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-        raise InvalidNetworkError(f"{path}: {what} contains NaN or Inf values")
 
 
 def _network_input(graph: onnx.GraphProto, constants: dict, path: str) -> tuple[str, tuple]:
     """The one graph input that is not an initializer (old files list initializers as inputs),
     and its shape including the batch dimension (fixed to 1)."""
     inputs = [i for i in graph.input if i.name not in constants]
+    if not inputs:
+        raise SpecificationError("the graph declares no input (besides initializers)", path)
     if len(inputs) != 1:
         names = [i.name for i in inputs]
         raise SpecificationError(f"expected one network input, found {len(inputs)}: {names}", path)
-    tensor_type = inputs[0].type.tensor_type
-    if tensor_type.elem_type not in _FLOAT_INPUTS:
-        raise SpecificationError(f"input {inputs[0].name!r} is not a float tensor", path=path)
+    name, value_type = inputs[0].name, inputs[0].type
+    tensor_type = value_type.tensor_type
+    if not value_type.HasField("tensor_type") or tensor_type.elem_type not in _FLOAT_INPUTS:
+        kind = value_type.WhichOneof("value") or "untyped value"
+        if value_type.HasField("tensor_type"):
+            kind = f"{onnx.TensorProto.DataType.Name(tensor_type.elem_type)} tensor"
+        raise SpecificationError(f"input {name!r} is not a float tensor ({kind})", path=path)
+    if not tensor_type.HasField("shape"):
+        raise SpecificationError(f"input {name!r} declares no shape", path=path)
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
     if len(dims) < 2:
-        raise SpecificationError(f"input {inputs[0].name!r} has no batch dimension", path=path)
-    if dims[0] not in (None, 0, 1) or any(d is None or d <= 0 for d in dims[1:]):
-        raise SpecificationError(f"input shape {dims} (need batch 1 or symbolic)", path=path)
-    return inputs[0].name, (1, *dims[1:])
+        raise SpecificationError(f"input {name!r} of shape {dims} has no batch dimension", path)
+    if dims[0] not in (None, 0, 1):
+        raise SpecificationError(f"input {name!r} shape {dims} (need batch 1 or symbolic)", path)
+    for axis, d in enumerate(dims[1:], start=1):
+        if d is None or d <= 0:
+            what = "symbolic" if d is None else f"{d}"
+            raise SpecificationError(
+                f"input {name!r} shape {dims}: dimension {axis} is {what}, needs a positive size",
+                path,
+            )
+    size = math.prod(dims[1:])
+    if size > MAX_ELEMENTS:
+        raise SpecificationError(
+            f"input {name!r} shape {dims} has {size} elements, more than the {MAX_ELEMENTS} "
+            "accepted (MAX_ELEMENTS)",
+            path,
+        )
+    return name, (1, *dims[1:])
+
+
+# ----------------------------------------------------------------------------- translation
 
 
 def _use_counts(graph: onnx.GraphProto) -> dict[str, int]:
@@ -135,9 +356,6 @@ def _use_counts(graph: onnx.GraphProto) -> dict[str, int]:
 def _convert_node(b: GraphBuilder, node: onnx.NodeProto, path: str) -> None:
     if node.domain not in ("", "ai.onnx"):
         raise unsupported(node, f"custom domain {node.domain!r}")
-    missing = [name for name in node.input if name and name not in b.env]
-    if missing:
-        raise SpecificationError(f"node {node_label(node)!r} reads undefined {missing}", path)
     inputs = [b.env[name] if name else None for name in node.input]
     foldable = all(not isinstance(v, Traced) for v in inputs)
     if node.op_type == "Shape":  # the static shape of an activation is known (batch 1)
@@ -146,13 +364,36 @@ def _convert_node(b: GraphBuilder, node: onnx.NodeProto, path: str) -> None:
     if foldable:
         result = _fold(node, inputs, path)
     elif node.op_type in HANDLERS:
-        result = HANDLERS[node.op_type](b, node, inputs)
+        result = _translate(b, node, inputs, path)
     else:
         raise unsupported(node, "no translation for this operation")
     b.env[node.output[0]] = result
     for extra in node.output[1:]:
         if extra and b.uses.get(extra, 0):
             raise unsupported(node, f"its extra output {extra!r} is used")
+
+
+def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -> Traced:
+    """The handler's result; malformed nodes (bad attributes, impossible shapes) raise typed
+    errors naming the node and the file, also when torch or numpy would fail first."""
+    try:
+        result = HANDLERS[node.op_type](b, node, inputs)
+    except UnsupportedOperationError:
+        raise
+    except (InvalidNetworkError, ShapeMismatchError) as err:
+        raise type(err)(f"{path}: {err}") from err
+    except VerificationInputError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError, ArithmeticError) as err:
+        raise InvalidNetworkError(f"{path}: malformed {_describe(node)}: {err}") from err
+    if all(result is not v for v in inputs):
+        b.elements += result.example.numel()
+    if b.elements > MAX_TOTAL_ELEMENTS:
+        raise InvalidNetworkError(
+            f"{path}: at {_describe(node)} the network's activations exceed "
+            f"{MAX_TOTAL_ELEMENTS} elements (MAX_TOTAL_ELEMENTS)"
+        )
+    return result
 
 
 def _shape_stub(x: Traced) -> np.ndarray:
@@ -165,25 +406,27 @@ def _fold(node: onnx.NodeProto, inputs: list, path: str) -> np.ndarray:
         raise unsupported(node, "cannot constant-fold this operation")
     try:
         result = fold(node, inputs)
-    except (ValueError, IndexError, KeyError, TypeError) as err:
-        raise InvalidNetworkError(f"{path}: folding {node_label(node)!r} failed: {err}") from err
-    if node.op_type == "Constant":
-        _check_finite(result, f"constant {node.output[0]!r}", path)
+    except (ValueError, IndexError, KeyError, TypeError, ArithmeticError) as err:
+        raise InvalidNetworkError(f"{path}: folding {_describe(node)} failed: {err}") from err
+    problem = nonfinite_where(result)
+    if problem:
+        raise InvalidNetworkError(
+            f"{path}: {_describe(node)} computes {node.output[0]!r} from constants, which "
+            f"contains {problem}"
+        )
     return result
 
 
-def _convert(model: onnx.ModelProto, path: str) -> fx.GraphModule:
+def _convert(model: onnx.ModelProto, network_input: tuple, path: str) -> fx.GraphModule:
     graph = model.graph
     constants = _initializers(graph, path)
-    input_name, input_shape = _network_input(graph, constants, path)
+    input_name, input_shape = network_input
     b = GraphBuilder(_use_counts(graph))
     b.env.update(constants)
     b.env[input_name] = b.placeholder(input_name, input_shape)
     for node in graph.node:
         _convert_node(b, node, path)
-    if len(graph.output) != 1:
-        raise SpecificationError(f"expected one graph output, found {len(graph.output)}", path)
-    out = b.env.get(graph.output[0].name)
+    out = b.env[graph.output[0].name]
     if not isinstance(out, Traced):
         raise SpecificationError("the graph output does not depend on the input", path=path)
     b.graph.output(out.node)
@@ -193,3 +436,6 @@ def _convert(model: onnx.ModelProto, path: str) -> fx.GraphModule:
     module.input_shape = tuple(input_shape[1:])
     module.output_shape = tuple(out.shape[1:])
     return module
+
+
+__all__ = ["MAX_ELEMENTS", "MAX_MODEL_BYTES", "MAX_TOTAL_ELEMENTS", "load_onnx"]

@@ -11,6 +11,8 @@ dimension: leading size-1 dimensions are dropped, broadcasting keeps the result 
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import operator
 import re
 from collections.abc import Callable
@@ -22,8 +24,21 @@ import onnx
 import torch
 from torch import fx, nn
 
-from bounds.errors import InvalidNetworkError, UnsupportedOperationError
-from verify.onnx_fold import node_attributes, resolve_reshape
+from verify.onnx_fold import (
+    check_finite,
+    check_size,
+    flatten_axis,
+    float_weight,
+    invalid,
+    mismatch,
+    node_attributes,
+    normalize_axes,
+    resolve_reshape,
+    spatial_output,
+    strides_dilations,
+    symmetric_pads,
+    unsupported,
+)
 
 BINARY_FUNCTIONS = {
     "Add": operator.add,
@@ -34,7 +49,17 @@ BINARY_FUNCTIONS = {
 
 
 # Attribute names of the returned GraphModule that submodules and buffers must not take.
-_RESERVED = frozenset(dir(nn.Module())) | {"meta", "input_shape", "output_shape", "source_path"}
+_RESERVED = frozenset(dir(nn.Module())) | {
+    "meta",
+    "input_shape",
+    "output_shape",
+    "source_path",
+    "self",
+    *keyword.kwlist,
+    *keyword.softkwlist,
+    *dir(builtins),  # and the globals of fx's generated code:
+    *("torch", "operator", "math", "fx_pytree", "pytree", "device", "inf", "nan", "typing"),
+}
 
 
 @dataclass
@@ -52,15 +77,6 @@ class Traced:
 Value = Any  # Traced (depends on the network input) or np.ndarray (a constant)
 
 
-def node_label(node: onnx.NodeProto) -> str:
-    """The node's name, or its first output's name when the exporter left the name empty."""
-    return node.name or (f"<output {node.output[0]}>" if node.output else "<unnamed>")
-
-
-def unsupported(node: onnx.NodeProto, detail: str) -> UnsupportedOperationError:
-    return UnsupportedOperationError(node.op_type, node_label(node), detail)
-
-
 def as_param(array: np.ndarray) -> nn.Parameter:
     tensor = torch.tensor(np.ascontiguousarray(array, dtype=np.float32))
     return nn.Parameter(tensor, requires_grad=False)
@@ -74,18 +90,23 @@ class GraphBuilder:
         self.graph = fx.Graph()
         self.env: dict[str, Value] = {}
         self.uses = uses
+        self.elements = 0  # elements of all activation examples so far (batch 1)
         self._taken: set[str] = set()
+        self._suffix: dict[str, int] = {}  # next suffix to try per base name
 
     def fresh_name(self, hint: str) -> str:
-        base = re.sub(r"\W", "_", hint).strip("_").lower() or "node"
+        """An ASCII Python identifier from `hint` (ONNX names may hold any character)."""
+        base = re.sub(r"[^0-9a-z_]", "_", hint.lower()).strip("_") or "node"
         base = base if base[0].isalpha() else f"n_{base}"
-        name, k = base, 1
+        name, k = base, self._suffix.get(base, 1)
         while name in self._taken or name in _RESERVED or hasattr(fx.GraphModule, name):
             name, k = f"{base}_{k}", k + 1
         self._taken.add(name)
+        self._suffix[base] = k
         return name
 
     def placeholder(self, hint: str, shape: tuple[int, ...]) -> Traced:
+        self.elements += int(np.prod(shape))
         return Traced(self.graph.placeholder(self.fresh_name(hint)), torch.zeros(shape))
 
     def module(self, hint: str, module: nn.Module, x: Traced) -> Traced:
@@ -129,6 +150,12 @@ def _constant(node: onnx.NodeProto, inputs: list[Value], i: int) -> np.ndarray |
     return inputs[i]
 
 
+def _weight(node: onnx.NodeProto, inputs: list[Value], i: int) -> np.ndarray | None:
+    """The i-th input as a validated float32 weight (see `float_weight`); None when absent."""
+    array = _constant(node, inputs, i)
+    return None if array is None else float_weight(node, node.input[i], array)
+
+
 def _hint(node: onnx.NodeProto) -> str:
     return node.name or f"{node.op_type}_{node.output[0]}"
 
@@ -136,71 +163,83 @@ def _hint(node: onnx.NodeProto) -> str:
 def _gemm(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     """Y = alpha * A @ op(B) + beta * C with constant B, C -> nn.Linear (weight alpha * op(B)^T)."""
     attrs = node_attributes(node)
-    x, B, C = _activation(node, inputs), _constant(node, inputs, 1), _constant(node, inputs, 2)
+    x, B, C = _activation(node, inputs), _weight(node, inputs, 1), _weight(node, inputs, 2)
     if attrs.get("transA", 0):
         raise unsupported(node, "transA=1 is not supported")
     if len(x.shape) != 2 or B is None or B.ndim != 2:
-        raise unsupported(node, f"needs a 2-D input and weight, got {x.shape} and {B}")
-    weight = attrs.get("alpha", 1.0) * (B if attrs.get("transB", 0) else B.T)
+        got = None if B is None else B.shape
+        raise unsupported(node, f"needs a 2-D input and weight, got shapes {x.shape} and {got}")
+    trans_b = attrs.get("transB", 0)
+    weight = check_finite(node, "alpha * weight", attrs.get("alpha", 1.0) * (B if trans_b else B.T))
     out_features, in_features = weight.shape
+    if in_features != x.shape[1]:
+        raise mismatch(
+            node,
+            f"input {node.input[0]!r} of shape {x.shape} has {x.shape[1]} features but weight "
+            f"{node.input[1]!r} of shape {B.shape} (transB={trans_b}) takes {in_features}",
+        )
     linear = nn.Linear(in_features, out_features, bias=C is not None)
     linear.weight = as_param(weight)
     if C is not None:
         try:
             bias = np.broadcast_to(C, (1, out_features)).reshape(out_features)
         except ValueError as err:
-            raise unsupported(node, f"bias of shape {C.shape} is not per-feature") from err
-        linear.bias = as_param(attrs.get("beta", 1.0) * bias)
+            raise mismatch(
+                node,
+                f"bias {node.input[2]!r} of shape {C.shape} is not per-feature ({out_features})",
+            ) from err
+        linear.bias = as_param(check_finite(node, "beta * bias", attrs.get("beta", 1.0) * bias))
     return b.module(_hint(node), linear, x)
 
 
 def _matmul(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     """x @ W with a constant 2-D W -> nn.Linear without bias (a following Add may fill it)."""
-    x, W = _activation(node, inputs), _constant(node, inputs, 1)
+    x, W = _activation(node, inputs), _weight(node, inputs, 1)
     if W is None or W.ndim != 2 or len(x.shape) < 2:
         raise unsupported(node, "needs an activation of rank >= 2 times a constant matrix")
+    if x.shape[-1] != W.shape[0]:
+        raise mismatch(
+            node,
+            f"input {node.input[0]!r} of shape {x.shape} has {x.shape[-1]} columns but weight "
+            f"{node.input[1]!r} of shape {W.shape} has {W.shape[0]} rows",
+        )
+    check_size(node, (*x.shape[:-1], W.shape[1]))
     linear = nn.Linear(W.shape[0], W.shape[1], bias=False)
     linear.weight = as_param(W.T)
     return b.module(_hint(node), linear, x)
 
 
-def _symmetric_pads(node: onnx.NodeProto, attrs: dict, x: Traced, kernel: list[int]) -> list[int]:
-    """Per-axis padding of Conv/AveragePool; auto_pad SAME_* only when it is symmetric."""
-    spatial = x.shape[2:]
-    strides = attrs.get("strides", [1] * len(kernel))
-    dilations = attrs.get("dilations", [1] * len(kernel))
-    auto_pad = attrs.get("auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
-            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
-            pads.append(total // 2 if total % 2 == 0 else -1)
-        if -1 in pads:
-            raise unsupported(node, f"auto_pad={auto_pad} gives asymmetric padding")
-        return pads
-    if auto_pad == "VALID":
-        return [0] * len(kernel)
-    pads = attrs.get("pads", [0] * (2 * len(kernel)))
-    n = len(kernel)
-    if list(pads[:n]) != list(pads[n:]):
-        raise unsupported(node, f"asymmetric pads {list(pads)} are not supported")
-    return list(pads[:n])
-
-
 def _conv(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     attrs = node_attributes(node)
-    x, W, B = _activation(node, inputs), _constant(node, inputs, 1), _constant(node, inputs, 2)
+    x, W, B = _activation(node, inputs), _weight(node, inputs, 1), _weight(node, inputs, 2)
     if W is None or W.ndim != 4 or len(x.shape) != 4:
         raise unsupported(node, "only 2-D convolutions (4-D input and weight) are supported")
+    group, name = attrs.get("group", 1), node.input[1]
+    if group < 1 or W.shape[0] % group:
+        raise invalid(node, f"group={group} does not divide the {W.shape[0]} filters of {name!r}")
+    if x.shape[1] != W.shape[1] * group:
+        raise mismatch(
+            node,
+            f"input {node.input[0]!r} of shape {x.shape} has {x.shape[1]} channels but kernel "
+            f"{name!r} of shape {W.shape} (group={group}) expects {W.shape[1] * group}",
+        )
     kernel = list(attrs.get("kernel_shape", W.shape[2:]))
-    group = attrs.get("group", 1)
+    if kernel != list(W.shape[2:]):
+        raise mismatch(node, f"kernel_shape {kernel} but kernel {name!r} has shape {W.shape}")
+    if B is not None and B.shape != (W.shape[0],):
+        raise mismatch(node, f"bias {node.input[2]!r} of shape {B.shape} needs ({W.shape[0]},)")
+    strides, dilations = strides_dilations(node, attrs, 2)
+    pads = symmetric_pads(node, attrs, x.shape, kernel)
+    check_size(
+        node, (1, W.shape[0], *spatial_output(node, x.shape, kernel, strides, pads, dilations))
+    )
     conv = nn.Conv2d(
         W.shape[1] * group,
         W.shape[0],
         tuple(kernel),
-        stride=tuple(attrs.get("strides", [1, 1])),
-        padding=tuple(_symmetric_pads(node, attrs, x, kernel)),
-        dilation=tuple(attrs.get("dilations", [1, 1])),
+        stride=tuple(strides),
+        padding=tuple(pads),
+        dilation=tuple(dilations),
         groups=group,
         bias=B is not None,
     )
@@ -213,17 +252,26 @@ def _conv(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
 def _batch_norm(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     attrs = node_attributes(node)
     x = _activation(node, inputs)
-    params = [_constant(node, inputs, i) for i in range(1, 5)]
+    params = [_weight(node, inputs, i) for i in range(1, 5)]
     if attrs.get("training_mode", 0) or not attrs.get("spatial", 1):
         raise unsupported(node, "training_mode=1 or spatial=0 is not supported")
     if len(x.shape) not in (2, 3, 4) or any(p is None for p in params):
         raise unsupported(node, f"input of shape {x.shape} (needs rank 2-4 and 4 constants)")
     channels = x.shape[1]
-    if any(p.size != channels for p in params):
-        raise unsupported(node, f"parameters must have {channels} entries (one per channel)")
-    cls = nn.BatchNorm2d if len(x.shape) == 4 else nn.BatchNorm1d
-    bn = cls(channels, eps=attrs.get("epsilon", 1e-5))
+    for name, p in zip(node.input[1:], params):
+        if p.size != channels:
+            raise mismatch(
+                node, f"{name!r} has {p.size} entries, the input {x.shape} has {channels} channels"
+            )
     scale, shift, mean, var = (p.reshape(channels) for p in params)
+    eps = attrs.get("epsilon", 1e-5)
+    if not np.all(var + np.float32(eps) > 0):
+        k = int(np.argmin(var + np.float32(eps) > 0))
+        raise invalid(
+            node, f"variance {node.input[4]!r} + epsilon {eps} must be > 0 ({var[k]} at index {k})"
+        )
+    cls = nn.BatchNorm2d if len(x.shape) == 4 else nn.BatchNorm1d
+    bn = cls(channels, eps=eps)
     bn.weight, bn.bias = as_param(scale), as_param(shift)
     bn.running_mean = torch.tensor(mean, dtype=torch.float32)
     bn.running_var = torch.tensor(var, dtype=torch.float32)
@@ -233,17 +281,21 @@ def _batch_norm(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> T
 def _average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     attrs = node_attributes(node)
     x = _activation(node, inputs)
-    kernel = list(attrs["kernel_shape"])
+    kernel = list(attrs.get("kernel_shape", []))
     if len(kernel) != 2 or len(x.shape) != 4:
         raise unsupported(node, "only 2-D average pooling is supported")
-    if any(d != 1 for d in attrs.get("dilations", [1, 1])):
+    if min(kernel) < 1:
+        raise invalid(node, f"kernel_shape {kernel} needs sizes >= 1")
+    strides, dilations = strides_dilations(node, attrs, 2)
+    if any(d != 1 for d in dilations):
         raise unsupported(node, "dilated average pooling is not supported")
-    pads = _symmetric_pads(node, attrs, x, kernel)
+    pads = symmetric_pads(node, attrs, x.shape, kernel)
     if any(2 * p > k for p, k in zip(pads, kernel)):
         raise unsupported(node, f"padding {pads} exceeds half the kernel {kernel}")
+    spatial_output(node, x.shape, kernel, strides, pads, dilations)
     pool = nn.AvgPool2d(
         tuple(kernel),
-        stride=tuple(attrs.get("strides", [1, 1])),
+        stride=tuple(strides),
         padding=tuple(pads),
         ceil_mode=bool(attrs.get("ceil_mode", 0)),
         count_include_pad=bool(attrs.get("count_include_pad", 0)),
@@ -254,8 +306,10 @@ def _average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) ->
 def _flatten(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     """Flatten(axis) equals nn.Flatten(1) on batch-first tensors iff dims 1..axis-1 are all 1."""
     x = _activation(node, inputs)
-    axis = node_attributes(node).get("axis", 1)
-    axis = axis + len(x.shape) if axis < 0 else axis
+    try:
+        axis = flatten_axis(node_attributes(node).get("axis", 1), len(x.shape))
+    except ValueError as err:
+        raise invalid(node, str(err)) from err
     if axis < 1 or any(d != 1 for d in x.shape[1:axis]):
         raise unsupported(node, f"axis={axis} on shape {x.shape} mixes the batch dimension")
     return b.module(_hint(node), nn.Flatten(start_dim=1), x)
@@ -285,10 +339,12 @@ def _reshape(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trac
     shape = _constant(node, inputs, 1) if shape is None else np.asarray(shape)
     if shape is None:
         raise unsupported(node, "the target shape must be a constant")
+    if shape.dtype.kind not in "iu":
+        raise invalid(node, f"the target shape {shape.tolist()} is a {shape.dtype} tensor")
     try:
         out_shape = resolve_reshape(x.shape, shape, attrs.get("allowzero", 0))
     except ValueError as err:
-        raise InvalidNetworkError(f"Reshape {node_label(node)!r}: {err}") from err
+        raise mismatch(node, f"input {node.input[0]!r}: {err}") from err
     _check_reshape(node, x, out_shape)
     return b.reshape(x, out_shape)
 
@@ -297,6 +353,8 @@ def _transpose(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Tr
     """A transpose that keeps the batch first and only moves size-1 dims is a reshape."""
     x = _activation(node, inputs)
     perm = list(node_attributes(node).get("perm", reversed(range(len(x.shape)))))
+    if sorted(perm) != list(range(len(x.shape))):
+        raise invalid(node, f"perm={perm} is not a permutation of the {len(x.shape)} axes")
     moved = [p for p in perm if x.shape[p] != 1]
     if perm[0] != 0 or moved != sorted(moved):
         raise unsupported(node, f"perm={perm} on shape {x.shape} is not a plain reshape")
@@ -307,7 +365,10 @@ def _squeeze_axes(node: onnx.NodeProto, inputs: list[Value], rank: int) -> list[
     axes = node_attributes(node).get("axes")
     if axes is None:
         axes = _constant(node, inputs, 1)
-    return None if axes is None else sorted(int(a) % rank for a in np.ravel(axes))
+    try:
+        return None if axes is None else normalize_axes(axes, rank)
+    except ValueError as err:
+        raise invalid(node, str(err)) from err
 
 
 def _squeeze(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
@@ -315,15 +376,19 @@ def _squeeze(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trac
     axes = _squeeze_axes(node, inputs, len(x.shape))
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
-    if 0 in axes or any(x.shape[a] != 1 for a in axes):
-        raise unsupported(node, f"axes {axes} of shape {x.shape} (batch or size > 1)")
+    if 0 in axes:
+        raise unsupported(node, f"axes {axes} of shape {x.shape} include the batch dimension")
+    if any(x.shape[a] != 1 for a in axes):
+        raise mismatch(node, f"axes {axes} of input {node.input[0]!r} {x.shape} are not all 1")
     return b.reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
 def _unsqueeze(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     x = _activation(node, inputs)
-    n_axes = len(np.ravel(node_attributes(node).get("axes", _constant(node, inputs, 1))))
-    axes = _squeeze_axes(node, inputs, len(x.shape) + n_axes) or []
+    given = node_attributes(node).get("axes", _constant(node, inputs, 1))
+    if given is None:
+        raise invalid(node, "Unsqueeze needs axes")
+    axes = _squeeze_axes(node, inputs, len(x.shape) + np.size(given)) or []
     if 0 in axes:
         raise unsupported(node, "inserting a dimension before the batch dimension")
     out = list(x.shape)
@@ -332,18 +397,24 @@ def _unsqueeze(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Tr
     return b.reshape(x, tuple(out))
 
 
-def _const_operand(node: onnx.NodeProto, x: Traced, const: np.ndarray) -> np.ndarray:
-    """The constant as float32 without leading size-1 dims; it may not change x's shape."""
+def _const_operand(node: onnx.NodeProto, k: int, x: Traced, const: np.ndarray) -> np.ndarray:
+    """The constant (input k) as float32 without leading size-1 dims; it may not change x's
+    shape."""
+    const = float_weight(node, node.input[k], const)
     try:
         result = np.broadcast_shapes(const.shape, x.shape)
     except ValueError as err:
-        raise unsupported(node, f"constant {const.shape} vs activation {x.shape}") from err
+        raise mismatch(
+            node,
+            f"constant {node.input[k]!r} of shape {const.shape} does not broadcast with input "
+            f"{node.input[1 - k]!r} of shape {x.shape}",
+        ) from err
     if tuple(result) != x.shape:
         raise unsupported(node, f"constant {const.shape} would broadcast {x.shape} to {result}")
     dims = list(const.shape)
     while dims and dims[0] == 1:
         dims.pop(0)
-    return np.asarray(const, dtype=np.float32).reshape(dims)
+    return const.reshape(dims)
 
 
 def _fuse_bias(b: GraphBuilder, x_name: str, x: Traced, const: np.ndarray) -> bool:
@@ -365,16 +436,23 @@ def _binary(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trace
     fn = BINARY_FUNCTIONS[node.op_type]
     lhs, rhs = inputs[0], inputs[1]
     if isinstance(lhs, Traced) and isinstance(rhs, Traced):
+        shapes = f"{node.input[0]!r} {lhs.shape} and {node.input[1]!r} {rhs.shape}"
+        try:
+            np.broadcast_shapes(lhs.shape, rhs.shape)
+        except ValueError as err:
+            raise mismatch(node, f"activations {shapes} do not broadcast") from err
         if node.op_type not in ("Add", "Sub") or lhs.shape != rhs.shape:
-            raise unsupported(node, f"of two activations with shapes {lhs.shape}, {rhs.shape}")
+            raise unsupported(node, f"of two activations {shapes}")
         return b.function(fn, lhs, rhs)
     const_first = not isinstance(lhs, Traced)
-    x, const = (rhs, lhs) if const_first else (lhs, rhs)
-    const = _const_operand(node, x, const)
     if node.op_type == "Div" and const_first:
         raise unsupported(node, "division by an activation is not affine")
+    x, const = (rhs, lhs) if const_first else (lhs, rhs)
+    const = _const_operand(node, int(not const_first), x, const)
     if node.op_type == "Div" and not np.all(const != 0):
-        raise InvalidNetworkError(f"Div {node_label(node)!r}: division by a zero constant")
+        k = np.unravel_index(int(np.argmin(const != 0)), const.shape)
+        where = tuple(int(i) for i in k)
+        raise invalid(node, f"division by zero: divisor {node.input[1]!r} is 0 at index {where}")
     if node.op_type == "Add" and _fuse_bias(b, node.input[int(const_first)], x, const):
         return x
     operand = b.buffer(f"{_hint(node)}_const", const)
