@@ -27,6 +27,7 @@ from bounds.methods.crown import (
     split_output,
 )
 from bounds.methods.ibp import ibp
+from bounds.methods.pacing import deadline_of
 from bounds.types import Interval
 
 MethodResult = tuple[Tensor, Tensor, dict[str, Interval], dict[str, Any]]
@@ -78,13 +79,14 @@ def _crown(graph, box, C, config, budget, given) -> MethodResult:
 
 @register_method("alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)")
 def _alpha_crown(graph, box, C, config, budget, given) -> MethodResult:
-    base = crown_intervals(graph, box, given) if given else None
-    return alpha_crown(graph, box, C, config, budget, intervals=base)
+    deadline = deadline_of(budget)
+    base = crown_intervals(graph, box, given, deadline) if given else None
+    return alpha_crown(graph, box, C, config, budget, intervals=base, deadline=deadline)
 
 
-def _intervals(graph, box, C, config, given) -> dict[str, Interval]:
+def _intervals(graph, box, C, config, given, deadline=None) -> dict[str, Interval]:
     return intermediate_intervals(
-        graph, box, C, config.intermediate, config.intermediate_iterations, given
+        graph, box, C, config.intermediate, config.intermediate_iterations, given, deadline
     )
 
 
@@ -96,7 +98,7 @@ def _reference(solve):
     def run(graph, box, C, config, budget, given) -> MethodResult:
         start = time.monotonic()
         deadline = start + budget.seconds if budget is not None and budget.seconds else None
-        intervals = _intervals(graph, box, C, config, given)
+        intervals = _intervals(graph, box, C, config, given, deadline)
         fallback = interval_bound(C, intervals[graph.output.name])
         lower, upper, stats = solve(
             graph, box, C, intervals, config, deadline=deadline, fallback=fallback
@@ -114,7 +116,7 @@ register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bound
 )
 
 
-def _start(graph, box, C, net, c, config, given):
+def _start(graph, box, C, net, c, config, given, deadline=None):
     """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method.
 
     init='crown': the chosen intermediate bounds and CROWN's duals (no floor). init='alpha-crown':
@@ -122,17 +124,20 @@ def _start(graph, box, C, net, c, config, given):
     as the floor; with intermediate='alpha-crown' that one run also optimises the intervals, so
     the result is at least as tight as the `alpha-crown` method's."""
     if config.init == "crown" or config.init_iterations == 0:
-        intervals = _intervals(graph, box, C, config, given)
+        intervals = _intervals(graph, box, C, config, given, deadline)
         problem = problem_from_intervals(net, box, intervals, c)
         return problem, intervals, crown_duals(problem), c.new_full(c.shape[:2], -torch.inf)
     optimise = config.intermediate == "alpha-crown"
     if optimise:
-        base = crown_intervals(graph, box, given)
+        base = crown_intervals(graph, box, given, deadline)
         iterations = max(config.init_iterations, AlphaCrownConfig().iterations)
     else:
-        base, iterations = _intervals(graph, box, C, config, given), config.init_iterations
+        base = _intervals(graph, box, C, config, given, deadline)
+        iterations = config.init_iterations
     alpha_config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=optimise)
-    low, up, intervals, stats = alpha_crown(graph, box, C, alpha_config, intervals=base)
+    low, up, intervals, stats = alpha_crown(
+        graph, box, C, alpha_config, intervals=base, deadline=deadline
+    )
     problem = problem_from_intervals(net, box, intervals, c)
     slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
     return problem, intervals, crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
@@ -144,9 +149,11 @@ def _decomposition(solve_fn):
     interval bound); with `intermediate='alpha-crown'` never below alpha-CROWN's bound."""
 
     def run(graph, box, C, config, budget, given) -> MethodResult:
+        deadline = deadline_of(budget)  # the whole call, not only the solver, keeps the budget
         c = output_functional(graph, C)
-        problem, intervals, init, start = _start(graph, box, C, layered(graph), c, config, given)
-        result = solve_fn(problem, config, init, budget)
+        net = layered(graph)
+        problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
+        result = solve_fn(problem, config, init, budget, deadline)
         best = torch.maximum(result.lower, start)
         best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
         lower, upper = split_output(best)

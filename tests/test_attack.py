@@ -121,7 +121,7 @@ def test_combined_rows_keep_the_polytopes_and_violation():
     spec = UnsafeSpec.of(Region(np.zeros(3), np.ones(3), polys), torch.float64)
     combined = spec.with_combinations(max_rows=6)
     assert combined.C.shape[0] == spec.C.shape[0] + 6 + 1  # 4 rows: 6 pairs and the mean
-    assert (combined.owner[spec.C.shape[0]:] == 0).all()
+    assert (combined.owner[spec.C.shape[0] :] == 0).all()
     y = torch.randn(10_000, 5, dtype=torch.float64) * 3
     torch.testing.assert_close(violation(y, combined), violation(y, spec), rtol=0, atol=1e-12)
 

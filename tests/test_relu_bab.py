@@ -336,7 +336,7 @@ def test_prox_bounds_of_split_domains_are_sound_and_below_the_lp(seed):
     region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
     runner = ReluBab(net, region, BabConfig(splitting="relu", relu=PROX))
     domains = random_domains(runner, 8, depth=3, seed=seed)
-    prox = runner._prox(domains)[:, 0]
+    prox = runner._prox(domains)[0][:, 0]
     x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     values = runner.graph.forward(x * 2 - 1, all_values=True)
     pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)

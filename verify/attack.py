@@ -12,7 +12,7 @@ restarts). A point is reported only after a float64 forward pass confirms it (`v
 from __future__ import annotations
 
 import copy
-import weakref
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +21,6 @@ from torch import Tensor, nn
 
 from verify.specs import region_box, region_spec
 from verify.vnnlib import Region
-
-_DOUBLE_NETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,6 @@ class UnsafeSpec:
             torch.tensor(owner, dtype=torch.long, device=device),
             len(region.unsafe),
         )
-
 
     def with_combinations(self, max_rows: int = 6) -> UnsafeSpec:
         """The same polytopes with redundant rows added: for each polytope of 2..max_rows rows
@@ -90,14 +87,13 @@ def violation(y: Tensor, spec: UnsafeSpec) -> Tensor:
 
 
 def double_net(net: nn.Module) -> nn.Module:
-    """A float64 deep copy of `net` (cached per module, refreshed if its weights change)."""
-    key = tuple((t.data_ptr(), t._version) for t in [*net.parameters(), *net.buffers()])
-    cached = _DOUBLE_NETS.get(net)
-    if cached is None or cached[0] != key:
-        twin = copy.deepcopy(net).to("cpu", torch.float64).eval()
-        cached = (key, twin)
-        _DOUBLE_NETS[net] = cached
-    return cached[1]
+    """A float64 deep copy of `net` on the CPU, in eval mode (the caller's module is untouched).
+
+    Made anew on every call: a cache keyed on the module could hand back a stale copy after the
+    module changed (a replaced layer, weights assigned anew), and a counterexample validated on
+    a stale copy is a wrong "sat". Validation runs only for candidates the float32 search found
+    (a few per region), so the copy's cost (milliseconds) does not matter."""
+    return copy.deepcopy(net).to("cpu", torch.float64).eval()
 
 
 def validate(net: nn.Module, region: Region, x: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -153,11 +149,14 @@ def pgd(
     starts: Tensor,
     steps: int,
     step_fraction: float = 0.1,
+    deadline: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Signed-gradient descent from `starts [N, *shape]` inside the boxes `lower`/`upper`
     (`[N, *shape]` or `[1, *shape]`), one run per start and unsafe polytope, each descending
     its polytope's max-row objective. Returns per start the best point over its runs and its
-    value `v` `[N]` (`+inf` when there is no unsafe polytope)."""
+    value `v` `[N]` (`+inf` when there is no unsafe polytope). `deadline`
+    (`time.monotonic()`): no step starts once the next one, as long as the slower of the last
+    two, would end past it (host clock; the starts themselves are always evaluated)."""
     n, n_poly = starts.shape[0], spec.n_polytopes
     if n_poly == 0:
         return starts.clone(), starts.new_full((n,), torch.inf)
@@ -166,6 +165,7 @@ def pgd(
     lower, upper = (t.repeat(n_poly if len(t) == n else 1, *ones) for t in (lower, upper))
     target = torch.arange(n_poly, device=x.device).repeat_interleave(n)[:, None]
     best_x, best_v = x.clone(), x.new_full((len(x),), torch.inf)
+    durations, last = [0.0], time.monotonic()
     for k in range(steps + 1):
         x.requires_grad_(True)
         with torch.enable_grad():
@@ -175,7 +175,11 @@ def pgd(
         better = value < best_v
         best_v = torch.where(better, value, best_v)
         best_x[better] = x.detach()[better]
+        now = time.monotonic()
+        durations, last = [durations[-1], now - last], now
         if k == steps or bool((best_v <= 0).any()):
+            break
+        if deadline is not None and now + max(durations) > deadline:
             break
         scale = step_fraction * 0.5 * (1 + np.cos(np.pi * k / max(steps, 1)))
         x = x.detach() - (scale + 1e-3) * (upper - lower) * grad.sign()
@@ -224,12 +228,14 @@ def find_counterexample(
     extra_points: Tensor | None = None,
     config: AttackConfig | None = None,
     seed: int = 0,
+    deadline: float | None = None,
 ) -> Tensor | None:
     """A validated counterexample `x [n_in]` (float64, inside the box) of the region, or None;
     `validate(net, region, x)` gives `(x, y)`.
 
     PGD from the box centre, `extra_points [k, *input_shape]` and `config.restarts` uniform
-    random points; the best point is confirmed by `validate`.
+    random points; the best point is confirmed by `validate`. `deadline`
+    (`time.monotonic()`): PGD stops early to end by then (see `pgd`).
     """
     config = config or AttackConfig()
     if not region.unsafe:
@@ -246,7 +252,7 @@ def find_counterexample(
         extra = extra_points.to(param.device, param.dtype).reshape(-1, *shape)
         starts.append(torch.minimum(torch.maximum(extra, lower), upper))
     points, values = pgd(
-        net, lower, upper, spec, torch.cat(starts), config.steps, config.step_fraction
+        net, lower, upper, spec, torch.cat(starts), config.steps, config.step_fraction, deadline
     )
     for i in values.argsort()[:4].tolist():
         found = validate(net, region, points[i : i + 1])

@@ -8,6 +8,11 @@ centres (and corners, for small inputs) of the open children as counterexamples,
 worst ones now and then, and keeps the rest. The region holds when no domain is left (Bunel et
 al. 2020, "Branch and bound for piecewise linear neural network verification"; input splitting
 with a smear-like heuristic as in Wang et al. 2018, "Efficient formal safety analysis").
+
+Float32 networks are bounded in float32, but a domain is pruned only once the bound that closes
+it, evaluated again in float64 (the same method on the same box; alpha-CROWN at the slopes that
+gave the float32 bound), still excludes its polytopes (`bab_common.Float64Check`); a domain that
+fails stays open and is split further.
 """
 
 from __future__ import annotations
@@ -19,17 +24,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.types import Budget
-from verify.api import bounds
+from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.crown import crown, crown_intervals
+from bounds.types import Budget, Interval
+from verify.api import bounds, network_graph
 from verify.attack import AttackConfig, UnsafeSpec, min_max, pgd
 from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
     DomainBatch,
+    Float64Check,
     RegionOutcome,
     RegionSearch,
     is_out_of_memory,
     outward_box,
+    rounded_down,
 )
 from verify.relu_bab import ReluBab, ReluSplitConfig, relu_only
 from verify.vnnlib import Region
@@ -57,8 +66,10 @@ class BabConfig:
     nearly prunes one half); attack_every: seconds between PGD runs on the attack_domains
     worst open domains; corner_domains: open domains whose corners are tried (inputs of at most
     6 dimensions); max_domains: open domains beyond which the answer is "unknown";
-    prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding).
-    splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
+    prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding);
+    float64_recheck: a float32 network's closing bounds are evaluated again in float64 before
+    a domain is pruned (off only to measure what it costs: float32 rounding can then prune a
+    domain that holds a counterexample; see `bab_common.Float64Check`). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
     inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
     are input-splitting settings; the rest is shared); combine_rows: input splitting also
@@ -82,6 +93,7 @@ class BabConfig:
     attack: AttackConfig = field(default_factory=lambda: AttackConfig(restarts=32, steps=30))
     max_domains: int = 2_000_000
     prune_tol: float = 1e-5
+    float64_recheck: bool = True
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
@@ -120,6 +132,8 @@ class RegionBab(RegionSearch):
         self.shape = tuple(getattr(net, "input_shape", None) or (len(region.lower),))
         param = next(net.parameters())
         self.dtype, self.device = param.dtype, param.device
+        graph = network_graph(net, self.shape)  # once: `bounds` gets the graph, not the net
+        self.graph = graph.to(self.dtype, self.device) if self.device.type != "cpu" else graph
         self.root = tuple(t.to(self.device) for t in outward_box(region, self.dtype))
         self.k = min(config.trial_dims, self.root[0].shape[1])
         spec = UnsafeSpec.of(region, self.dtype, self.device)
@@ -131,14 +145,16 @@ class RegionBab(RegionSearch):
         self.generator = torch.Generator().manual_seed(seed)
         self.stats: dict[str, Any] = {"domains": 0, "batches": 0, "max_open": 0, "max_depth": 0}
         self.stats |= {"attacks": 0, "strong_domains": 0}
+        self.check = Float64Check(self.graph, region, config, self.stats, config.combine_rows)
 
     def _search(self) -> RegionOutcome:
         deadline = self.deadline
         if not self.region.unsafe:  # no unsafe set: nothing to exclude
             return RegionOutcome("unsat", None, self.stats)
         tick = time.perf_counter()
-        root = self._bound(*self.root, torch.zeros(1, dtype=torch.long, device=self.device))
+        root, slopes = self._bound(*self.root, torch.zeros(1, dtype=torch.long, device=self.device))
         self.sizer.seed(time.perf_counter() - tick)
+        root = self._confirm(root, *slopes)
         found = self._try_points(root)
         if found is not None:
             return RegionOutcome("sat", found, self.stats)
@@ -166,31 +182,49 @@ class RegionBab(RegionSearch):
         """Parents per step (each gives two children per trial dimension)."""
         return max(1, self.sizer.allowed(seconds_left) // (2 * self.k))
 
-    def _bound(self, lower: Tensor, upper: Tensor, depth: Tensor) -> Domains:
-        """Bound the boxes `[N, n_in]`: the strong method at depth >= strong_depth."""
-        rows = lower.new_empty(lower.shape[0], self.spec.C.shape[0])
-        strong = depth >= self.config.strong_depth
+    def _strong(self, depth: Tensor) -> Tensor:
+        """`[N]` bool: the domains of this depth bounded by the strong method."""
         if self.config.strong_method is None:
-            strong = torch.zeros_like(strong)
+            return torch.zeros_like(depth, dtype=torch.bool)
+        return depth >= self.config.strong_depth
+
+    def _bound(self, lower: Tensor, upper: Tensor, depth: Tensor) -> tuple[Domains, tuple]:
+        """Bound the boxes `[N, n_in]`: the strong method at depth >= strong_depth. Returns the
+        domains and `(slope_rows [N], slopes)`: per domain its row of `slopes` (alpha-CROWN's
+        best output slopes `{activation: [K, 2m, *shape]}`, the certificate of its bound for
+        `_confirm`) or -1."""
+        rows = lower.new_empty(lower.shape[0], self.spec.C.shape[0])
+        strong = self._strong(depth)
+        slope_rows = torch.full_like(depth, -1)
+        parts: list[dict[str, Tensor]] = []
+        count = 0
         for use_strong in (False, True):
             index = (strong == use_strong).nonzero().flatten()
             if len(index):
-                rows[index] = self._bound_rows(lower[index], upper[index], use_strong)
+                found: list[dict[str, Tensor]] = []
+                rows[index] = self._bound_rows(lower[index], upper[index], use_strong, found)
+                if found and found[0]:  # alpha-CROWN: one row of slopes per domain, in order
+                    slope_rows[index] = count + torch.arange(len(index), device=self.device)
+                    parts, count = parts + found, count + len(index)
+        slopes = {a: torch.cat([p[a] for p in parts]) for a in parts[0]} if parts else {}
         margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes)
         self.stats["domains"] += lower.shape[0]
-        return Domains(lower, upper, rows, margin, depth)
+        return Domains(lower, upper, rows, margin, depth), (slope_rows, slopes)
 
-    def _bound_rows(self, lower: Tensor, upper: Tensor, strong: bool) -> Tensor:
-        """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM)."""
+    def _bound_rows(
+        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None
+    ) -> Tensor:
+        """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM);
+        appends each chunk's alpha-CROWN best output slopes to `slopes` (when given)."""
         out, start = [], 0
         while start < lower.shape[0]:
             left = self.deadline - time.monotonic()
-            if left <= 0:  # between chunks: a big step cannot overrun
-                raise DeadlineReachedError
             size = min(self.sizer.size, self.sizer.allowed(left))
+            if left <= 0 or not self.sizer.fits(min(size, len(lower) - start), left):
+                raise DeadlineReachedError  # between chunks: no chunk ends past the deadline
             chunk = slice(start, start + size)
             try:
-                out.append(self._call_bounds(lower[chunk], upper[chunk], strong))
+                out.append(self._call_bounds(lower[chunk], upper[chunk], strong, slopes))
             except RuntimeError as error:
                 if not is_out_of_memory(error) or self.sizer.size == 1:
                     raise
@@ -199,14 +233,16 @@ class RegionBab(RegionSearch):
             start += size
         return torch.cat(out)
 
-    def _call_bounds(self, lower: Tensor, upper: Tensor, strong: bool) -> Tensor:
+    def _call_bounds(
+        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None
+    ) -> Tensor:
         method = self.config.strong_method if strong else self.config.method
         options = dict(self.config.strong_options) if strong else {}
-        if strong:  # iterative: give it a share of the time left, checked every iteration
+        if strong:  # iterative: a share of the time left (paced on the host clock)
             left = self.deadline - time.monotonic()
-            options |= {"budget": Budget(seconds=max(1e-3, 0.3 * left)), "check_every": 1}
+            options |= {"budget": Budget(seconds=max(1e-3, 0.3 * left))}
         result = bounds(
-            self.net,
+            self.graph,
             lower=lower.reshape(-1, *self.shape),
             upper=upper.reshape(-1, *self.shape),
             C=self.spec.C,
@@ -215,7 +251,81 @@ class RegionBab(RegionSearch):
         )
         self.stats["batches"] += 1
         self.stats["strong_domains"] += lower.shape[0] if strong else 0
+        if slopes is not None and "best_slopes" in result.stats:
+            slopes.append(result.stats["best_slopes"])
         return result.lower - self.spec.b
+
+    # ----- the float64 recheck of closing bounds -----
+
+    def _confirm(self, d: Domains, slope_rows: Tensor, slopes: dict[str, Tensor]) -> Domains:
+        """`d` with its closed domains (margin > 0) confirmed in float64 (`_bounds64`); those
+        that fail stay open with their float64 rows (rounded down) and a margin <= 0."""
+        closed = (d.margin > 0).nonzero().flatten()
+        if not self.check.active or not len(closed):
+            self.stats["closed"] = self.stats.get("closed", 0) + len(closed)
+            return d
+        if not self.check.fits(len(closed), self.deadline):  # unconfirmed: they must not count
+            raise DeadlineReachedError
+        tick = time.perf_counter()
+        spec = self.check.spec
+        rows64 = self._bounds64(d.lower[closed], d.upper[closed], d.depth[closed],
+                                slope_rows[closed], slopes)  # fmt: skip
+        margin64 = min_max(rows64 - self.check.tol, spec.owner, spec.n_polytopes)
+        failed = closed[margin64 <= 0]
+        rows, margin = d.rows.clone(), d.margin.clone()
+        rows[failed] = rounded_down(rows64[margin64 <= 0], rows.dtype)
+        margin[failed] = margin64[margin64 <= 0].to(margin.dtype).clamp(max=0)
+        self.check.record(len(closed), len(failed), time.perf_counter() - tick)
+        self.stats["closed"] = self.stats.get("closed", 0) + len(closed) - len(failed)
+        return Domains(d.lower, d.upper, rows, margin, d.depth)
+
+    def _bounds64(self, lower, upper, depth, slope_rows, slopes) -> Tensor:
+        """Float64 lower bounds of `C y - b` `[K, m]` (C, b as in the VNN-LIB file) on the boxes
+        `lower`, `upper [K, n_in]` (exact in float64), by each domain's own method: alpha-CROWN
+        at its certificate slopes (`slope_rows` into `slopes`), otherwise the method itself."""
+        out = torch.empty(len(lower), self.check.spec.C.shape[0], dtype=torch.float64,
+                          device=self.device)  # fmt: skip
+        strong = self._strong(depth)
+        for use_strong in (False, True):
+            index = (strong == use_strong).nonzero().flatten()
+            for start in range(0, len(index), self.sizer.size):
+                part = index[start : start + self.sizer.size]
+                given = {}
+                if bool((slope_rows[part] >= 0).all()):
+                    given = {a: t[slope_rows[part]] for a, t in slopes.items()}
+                out[part] = self._call_bounds64(lower[part], upper[part], use_strong, given)
+        return out
+
+    def _call_bounds64(self, lower, upper, strong: bool, slopes: dict[str, Tensor]) -> Tensor:
+        method = self.config.strong_method if strong else self.config.method
+        box = Interval(*(t.to(torch.float64).reshape(-1, *self.shape) for t in (lower, upper)))
+        spec = self.check.spec
+        C = spec.C.expand(len(lower), *spec.C.shape)
+        graph = self.check.graph
+        if method == "crown":
+            lower64 = self._crown64(box, C)
+        elif method == "alpha-crown" and slopes:  # the certificate: one pass at those slopes
+            config = AlphaCrownConfig(iterations=0, optimize_intermediate=False, compile=False)
+            base = crown_intervals(graph, box, every_neuron=True)
+            lower64 = alpha_crown(graph, box, C, config, intervals=base, init_slopes=slopes)[0]
+        else:
+            options = dict(self.config.strong_options) if strong else {}
+            lower64 = bounds(graph, lower=box.lower, upper=box.upper, C=C, method=method,
+                             **options).lower  # fmt: skip
+        return lower64 - spec.b
+
+    def _crown64(self, box: Interval, C: Tensor) -> Tensor:
+        """Float64 CROWN lower bounds `[K, m]` on the boxes; for the boxes it leaves open, also
+        with every neuron bounded by CROWN (a box's float32 bound depended a little on its
+        batch, see `crown_intervals`), keeping the better (both are valid)."""
+        spec, graph = self.check.spec, self.check.graph
+        lower = crown(graph, box, C)[0]
+        margin = min_max(lower - spec.b - self.check.tol, spec.owner, spec.n_polytopes)
+        again = (margin <= 0).nonzero().flatten()
+        if len(again):
+            sub = Interval(box.lower[again], box.upper[again])
+            lower[again] = torch.maximum(lower[again], crown(graph, sub, C[again], None, True)[0])
+        return lower
 
     def _children(self, parents: Domains) -> tuple[Domains, int]:
         """The bounded children of `parents` (left ones first) and how many boxes were bounded.
@@ -224,14 +334,15 @@ class RegionBab(RegionSearch):
         scores, n, k = self._scores(parents), len(parents), self.k
         dims = scores.topk(k, dim=1).indices
         splits = [self._split(parents, dims[:, j]) for j in range(k)]
-        bounded = self._bound(*(torch.cat(parts) for parts in zip(*splits)))
+        bounded, (slope_rows, slopes) = self._bound(*(torch.cat(parts) for parts in zip(*splits)))
         self.stats["max_depth"] = max(self.stats["max_depth"], int(bounded.depth.max()))
         if k == 1:
-            return bounded, len(bounded)
+            return self._confirm(bounded, slope_rows, slopes), len(bounded)
         margins = bounded.margin.reshape(k, 2, n).clamp(max=0)
         quality = TRIAL_SCORES[self.config.trial_score](margins)
         offset = quality.argmax(0) * 2 * n + torch.arange(n, device=self.device)
-        return bounded.take(torch.cat([offset, offset + n])), len(bounded)
+        keep = torch.cat([offset, offset + n])
+        return self._confirm(bounded.take(keep), slope_rows[keep], slopes), len(bounded)
 
     def _split(self, parents: Domains, dim: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Two children per parent (left ones first), halved along `dim [N]`."""
@@ -305,8 +416,9 @@ class RegionBab(RegionSearch):
         lower, upper = (t.reshape(-1, *self.shape) for t in (worst.lower, worst.upper))
         attack = self.config.attack
         points, values = pgd(
-            self.net, lower, upper, self.spec, starts.reshape(lower.shape), attack.steps
-        )
+            self.net, lower, upper, self.spec, starts.reshape(lower.shape), attack.steps,
+            deadline=self.deadline,
+        )  # fmt: skip
         return self._validate_best(points, values)
 
 

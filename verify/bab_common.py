@@ -1,9 +1,17 @@
 """Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the outcome of
-one region, the deadline exception, the counterexample checks, the adaptive batch size and the
-outward-rounded root box."""
+one region, the deadline exception, the counterexample checks, the adaptive batch size, the
+outward-rounded root box and the float64 side of the searches (`Float64Check`).
+
+Soundness under rounding: a float32 search computes its bounds in float32, whose rounding can
+put a bound above the true minimum. A domain is therefore pruned only after the bound that
+closes it has been evaluated again in float64 with the same relaxation (the same box, method,
+slopes and split multipliers; intermediate bounds computed in float64 and rounded outwards
+to float32 for the search) and still exceeds the threshold. Float64 networks need no recheck.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
@@ -11,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bounds.graph import Graph
+from bounds.types import Interval
 from verify.attack import UnsafeSpec, validate, violation
 from verify.vnnlib import Region
 
@@ -97,6 +107,8 @@ class RegionSearch:
 
     def run(self, deadline: float) -> RegionOutcome:
         self.deadline = deadline
+        if time.monotonic() >= deadline:
+            return RegionOutcome("timeout", None, self.stats)
         try:
             return self._search()
         except DeadlineReachedError:
@@ -149,21 +161,48 @@ class BatchSizer:
         self.low = min(self.low, self.size)
         self.cost = {k: v for k, v in self.cost.items() if k <= self.size}
 
-    def allowed(self, seconds_left: float) -> int:
-        """How many domains fit in 30% of the time left (at least 1), at the cost measured for
-        the current size or, while it has none, for the largest smaller size measured (the
-        deadline is also checked between chunks)."""
-        per = self.first
+    def per_domain(self) -> float | None:
+        """Seconds per domain at the current size (or, while it has none, at the largest smaller
+        size measured; the seed before any measurement); None before anything is known."""
         if self.cost:
             below = [k for k in self.cost if k <= self.size]
-            per = self.cost[max(below)] if below else max(self.cost.values())
+            return self.cost[max(below)] if below else max(self.cost.values())
+        return self.first
+
+    def allowed(self, seconds_left: float) -> int:
+        """How many domains fit in 30% of the time left (at least 1), at `per_domain`'s cost
+        (the deadline is also checked between chunks)."""
+        per = self.per_domain()
         if per is None:
             return self.size
         return int(max(1, min(self.size, 0.3 * seconds_left / per)))
 
+    def fits(self, count: int, seconds_left: float) -> bool:
+        """Whether `count` domains, at `per_domain`'s cost, end before the time left (True
+        while nothing is measured)."""
+        per = self.per_domain()
+        return per is None or count * per <= seconds_left
+
 
 def is_out_of_memory(error: RuntimeError) -> bool:
     return "out of memory" in str(error).lower()
+
+
+def rounded_down(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """`t` in `dtype`, every value rounded towards -inf (never above `t`)."""
+    low = t.to(dtype)
+    return torch.where(low.to(t.dtype) > t, torch.nextafter(low, low.new_tensor(-torch.inf)), low)
+
+
+def rounded_up(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """`t` in `dtype`, every value rounded towards +inf (never below `t`)."""
+    up = t.to(dtype)
+    return torch.where(up.to(t.dtype) < t, torch.nextafter(up, up.new_tensor(torch.inf)), up)
+
+
+def outward(interval: Interval, dtype: torch.dtype) -> Interval:
+    """`interval` in `dtype`, rounded outwards (it contains the given one)."""
+    return Interval(rounded_down(interval.lower, dtype), rounded_up(interval.upper, dtype))
 
 
 def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -172,7 +211,38 @@ def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     exact = [
         torch.tensor(np.asarray(a), dtype=torch.float64)[None] for a in (region.lower, region.upper)
     ]
-    lower, upper = (t.to(dtype) for t in exact)
-    lower = torch.where(lower.double() > exact[0], torch.nextafter(lower, lower - 1), lower)
-    upper = torch.where(upper.double() < exact[1], torch.nextafter(upper, upper + 1), upper)
-    return lower, upper
+    box = outward(Interval(*exact), dtype)
+    return box.lower, box.upper
+
+
+class Float64Check:
+    """The float64 side of a search on a float32 network: the graph in float64, the unsafe
+    polytopes' rows as in the VNN-LIB file (`spec`, with the search's row combinations when
+    `combine`), the pruning tolerance `tol [m]` and the counters `rechecked`, `recheck_failed`
+    and `recheck_seconds` in `stats`. `active`: False for float64 networks or when
+    `config.float64_recheck` is off (then `graph` and `spec` are the network's own)."""
+
+    def __init__(self, graph: Graph, region: Region, config, stats: dict, combine: bool):
+        consts = [t for n in graph.nodes[1:] for t in n.op.constants()]
+        like = consts[0] if consts else torch.zeros(())
+        self.active = bool(config.float64_recheck) and like.dtype != torch.float64
+        dtype = torch.float64 if self.active else like.dtype
+        self.graph = graph.to(torch.float64, like.device) if self.active else graph
+        spec = UnsafeSpec.of(region, dtype, like.device)
+        self.spec = spec.with_combinations() if combine else spec
+        self.tol = config.prune_tol * (1 + self.spec.b.abs())
+        self.stats = stats
+        stats |= {"rechecked": 0, "recheck_failed": 0, "recheck_seconds": 0.0}
+
+    def fits(self, count: int, deadline: float) -> bool:
+        """Whether rechecking `count` domains, at the seconds per domain measured so far, ends
+        before `deadline` (`time.monotonic()`; False once it has passed)."""
+        left = deadline - time.monotonic()
+        done = self.stats["rechecked"]
+        per = self.stats["recheck_seconds"] / done if done else 0.0
+        return left > 0 and count * per <= left
+
+    def record(self, checked: int, failed: int, seconds: float) -> None:
+        self.stats["rechecked"] += checked
+        self.stats["recheck_failed"] += failed
+        self.stats["recheck_seconds"] = round(self.stats["recheck_seconds"] + seconds, 4)

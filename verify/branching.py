@@ -26,8 +26,53 @@ import torch
 from torch import Tensor
 
 from bounds.graph import Graph
+from bounds.methods.beta_crown import BetaCrownConfig
 from bounds.ops import UnaryAffineOp
 from bounds.types import Interval
+
+BRANCHINGS = ("babsr", "fsb")
+
+
+@dataclass(frozen=True)
+class ReluSplitConfig:
+    """branching: "babsr" or "fsb" (the top fsb_candidates of BaBSR and of the intercept score,
+    each judged by its two children's one-pass bounds); root_iterations: Adam steps on the
+    root's slopes; intermediate_iterations: alpha-CROWN steps tightening the root's intermediate
+    bounds (0: CROWN's), within intermediate_share of the time left; iterations: Adam steps per
+    child batch (warm-started from the parent); lr_alpha, lr_beta: Adam's steps; final_iterations:
+    Adam steps for a domain with nothing left to split; max_memory_gb: the open domains' slopes
+    and multipliers beyond which the answer is "unknown" (with `BabConfig.max_domains`);
+    prox_iterations: sweeps of the proximal Lagrangian-decomposition solver on the children of
+    depth >= prox_min_depth that alpha-beta-CROWN leaves open (0: off; see `_prox`).
+    Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20)."""
+
+    branching: str = "fsb"
+    fsb_candidates: int = 3
+    root_iterations: int = 50
+    intermediate_iterations: int = 20
+    intermediate_share: float = 0.2
+    iterations: int = 5
+    lr_alpha: float = 0.1
+    lr_beta: float = 0.05
+    final_iterations: int = 300
+    max_memory_gb: float = 4.0
+    prox_iterations: int = 0
+    prox_min_depth: int = 1
+
+    def __post_init__(self) -> None:
+        if self.branching not in BRANCHINGS:
+            raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
+        if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
+            raise ValueError("need fsb_candidates >= 1 and 0 <= intermediate_share <= 1")
+        counts = (self.root_iterations, self.intermediate_iterations, self.iterations,
+                  self.prox_iterations, self.prox_min_depth)  # fmt: skip
+        if min(*counts, self.final_iterations) < 0 or not (self.lr_alpha > 0 and self.lr_beta > 0):
+            raise ValueError("iteration counts must be >= 0 and learning rates > 0")
+        if not self.max_memory_gb > 0:
+            raise ValueError("max_memory_gb must be > 0")
+
+    def bound_config(self, iterations: int) -> BetaCrownConfig:
+        return BetaCrownConfig(iterations=iterations, lr_alpha=self.lr_alpha, lr_beta=self.lr_beta)
 
 
 @dataclass(frozen=True)
@@ -71,6 +116,33 @@ class Layout:
         return torch.cat(parts, dim=-1)
 
 
+def with_split(splits, alpha, beta, lam, neuron, sign) -> tuple[Tensor, Tensor]:
+    """Copies of `splits [M, n]` and `beta [M, r, n]` with `neuron [M]` split to `sign [M]`.
+    The new multiplier makes the child's functional equal to the parent's where the parent
+    used the lower line `alpha xh` (`lam >= 0`): the coefficient reaching `xh` is then
+    `lam - beta = lam alpha` (active: `beta = lam (1 - alpha)`) or `beta = lam alpha`
+    (inactive), so the child's one-pass bound is at least the parent's; elsewhere 0."""
+    rows = torch.arange(len(neuron), device=neuron.device)
+    splits, beta = splits.clone(), beta.clone()
+    splits[rows, neuron] = sign
+    lam_j = lam[rows, :, neuron].clamp(min=0)  # [M, r]
+    alpha_j = alpha[rows, :, neuron].clamp(0, 1)
+    active = (sign > 0).unsqueeze(1)
+    beta[rows, :, neuron] = torch.where(active, lam_j * (1 - alpha_j), lam_j * alpha_j)
+    return splits, beta
+
+
+def polytope_rows(spec) -> Tensor | None:
+    """`[P, r]` the row indices of each of the `UnsafeSpec`'s polytopes, padded by repeating
+    its first row (None when some polytope has no rows)."""
+    owner = spec.owner
+    index = [(owner == p).nonzero().flatten() for p in range(spec.n_polytopes)]
+    if not index or not all(len(i) for i in index):
+        return None
+    r = max(len(i) for i in index)
+    return torch.stack([torch.cat([i, i[:1].repeat(r - len(i))]) for i in index])
+
+
 def pre_biases(graph: Graph, layout: Layout, like: Tensor) -> Tensor:
     """`[total]`: the bias feeding each ReLU neuron (0 where the pre-activation op is not a
     single-input affine op with a bias)."""
@@ -104,6 +176,23 @@ def babsr_scores(
     score = (gain + torch.minimum(active, inactive)).abs()
     neg = torch.full_like(score, -torch.inf)
     return torch.where(mask, score, neg), torch.where(mask, gain, neg)
+
+
+def fsb_pick(splits: Tensor, cands: Tensor, margins) -> Tensor:
+    """FSB's choice per domain among its candidates `cands [G, K]` (flat neurons): the one
+    whose worse child has the best margin. `margins(child_splits [2GK, n], parent [2GK])` gives
+    the children's one-pass bound margins `[2GK]` (the parents' slopes and multipliers, the new
+    split's multiplier 0: with `with_split`'s the one-pass bound of a child equals the parent's
+    wherever `lam >= 0`, which would hide those candidates' gains)."""
+    g, k = cands.shape
+    device = cands.device
+    rep = torch.arange(g, device=device).repeat_interleave(2 * k)
+    neuron = cands.repeat_interleave(2, dim=1).reshape(-1)
+    sign = torch.tensor([1, -1], dtype=torch.int8, device=device).repeat(g * k)
+    children = splits[rep]
+    children[torch.arange(len(rep), device=device), neuron] = sign
+    worse = margins(children, rep).reshape(g, k, 2).amin(dim=2)
+    return cands[torch.arange(g, device=device), worse.argmax(dim=1)]
 
 
 def candidates(scores: tuple[Tensor, ...], k: int) -> Tensor:

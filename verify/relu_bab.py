@@ -8,8 +8,8 @@ active and `u = 0` for inactive neurons, and the bound through their Lagrange mu
 domain's splits), so one bound costs one backward pass per Adam step. Children continue their
 parent's optimisation: its last slopes `alpha` and multipliers `beta`, the new split's `beta`
 chosen so that the child's functional equals the parent's where that is possible (see
-`ReluBab._with_split`), and a child's bound is never reported below its parent's (valid on the
-child, which is a subset).
+`verify.branching.with_split`), and a child's bound is never reported below its parent's (valid
+on the child, which is a subset).
 
 Each step pops the open domains of smallest margin (best-first), picks one ambiguous neuron per
 domain (BaBSR, or FSB: the best of the top candidates of BaBSR and of the intercept score,
@@ -19,6 +19,12 @@ bounds) as counterexamples, runs PGD from the worst ones now and then, and keeps
 et al. 2020, JMLR; Wang et al. 2021, beta-CROWN; De Palma et al. 2021, FSB). The region holds
 when no domain is left; a domain with no neuron left to split that its bound cannot exclude
 makes the answer "unknown", never "unsat".
+
+Float32 networks are searched in float32 on float64 foundations: the root's intermediate bounds
+are computed in float64 and rounded outwards to float32, and a domain is pruned only once its
+closing bound, evaluated again in float64 at the same slopes and multipliers (`SplitResult.
+best_alpha`, `best_beta`) on the same intervals, still excludes its polytope (`_confirmed`; a
+domain that fails stays open). See `bab_common.Float64Check`.
 
 Optionally (`ReluSplitConfig.prox_iterations > 0`, CLI `--prox-sweeps`), the children that
 alpha-beta-CROWN leaves open are re-bounded by the proximal Lagrangian-decomposition solver on
@@ -36,14 +42,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.dual import crown_duals, layered, problem_from_intervals
-from bounds.dual.proximal import ProximalConfig
-from bounds.dual.proximal import solve as prox_solve
+from bounds.dual import layered
+from bounds.dual.split_domains import prox_split_bounds
 from bounds.errors import UnsupportedOperationError
 from bounds.methods import beta_crown
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
-from bounds.methods.beta_crown import BetaCrownConfig, SplitResult, relu_nodes
+from bounds.methods.beta_crown import SplitResult, relu_nodes
 from bounds.methods.crown import crown_intervals
+from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 from verify.api import network_graph
 from verify.attack import UnsafeSpec, pgd, validate
@@ -51,64 +57,29 @@ from verify.bab_common import (
     BatchSizer,
     DeadlineReachedError,
     DomainBatch,
+    Float64Check,
     RegionOutcome,
     RegionSearch,
     is_out_of_memory,
+    outward,
     outward_box,
+    rounded_down,
 )
-from verify.branching import (
+from verify.branching import (  # ReluSplitConfig: re-exported, defined there with its settings
     Layout,
+    ReluSplitConfig,
     babsr_scores,
     branchable,
     candidates,
     flat_intervals,
+    fsb_pick,
+    polytope_rows,
     pre_biases,
+    with_split,
 )
 from verify.vnnlib import Region
 
-BRANCHINGS = ("babsr", "fsb")
-
-
-@dataclass(frozen=True)
-class ReluSplitConfig:
-    """branching: "babsr" or "fsb" (the top fsb_candidates of BaBSR and of the intercept score,
-    each judged by its two children's one-pass bounds); root_iterations: Adam steps on the
-    root's slopes; intermediate_iterations: alpha-CROWN steps tightening the root's intermediate
-    bounds (0: CROWN's), within intermediate_share of the time left; iterations: Adam steps per
-    child batch (warm-started from the parent); lr_alpha, lr_beta: Adam's steps; final_iterations:
-    Adam steps for a domain with nothing left to split; max_memory_gb: the open domains' slopes
-    and multipliers beyond which the answer is "unknown" (with `BabConfig.max_domains`);
-    prox_iterations: sweeps of the proximal Lagrangian-decomposition solver on the children of
-    depth >= prox_min_depth that alpha-beta-CROWN leaves open (0: off; see `_prox`).
-    Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20)."""
-
-    branching: str = "fsb"
-    fsb_candidates: int = 3
-    root_iterations: int = 50
-    intermediate_iterations: int = 20
-    intermediate_share: float = 0.2
-    iterations: int = 5
-    lr_alpha: float = 0.1
-    lr_beta: float = 0.05
-    final_iterations: int = 300
-    max_memory_gb: float = 4.0
-    prox_iterations: int = 0
-    prox_min_depth: int = 1
-
-    def __post_init__(self) -> None:
-        if self.branching not in BRANCHINGS:
-            raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
-        if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
-            raise ValueError("need fsb_candidates >= 1 and 0 <= intermediate_share <= 1")
-        counts = (self.root_iterations, self.intermediate_iterations, self.iterations,
-                  self.prox_iterations, self.prox_min_depth)  # fmt: skip
-        if min(*counts, self.final_iterations) < 0 or not (self.lr_alpha > 0 and self.lr_beta > 0):
-            raise ValueError("iteration counts must be >= 0 and learning rates > 0")
-        if not self.max_memory_gb > 0:
-            raise ValueError("max_memory_gb must be > 0")
-
-    def bound_config(self, iterations: int) -> BetaCrownConfig:
-        return BetaCrownConfig(iterations=iterations, lr_alpha=self.lr_alpha, lr_beta=self.lr_beta)
+__all__ = ["ReluBab", "ReluDomains", "ReluSplitConfig", "relu_only"]
 
 
 def relu_only(net: nn.Module, n_inputs: int) -> bool:
@@ -147,30 +118,36 @@ class ReluBab(RegionSearch):
         self.shape = tuple(getattr(net, "input_shape", None) or (len(region.lower),))
         param = next(net.parameters())
         self.dtype, self.device = param.dtype, param.device
+        self.stats: dict[str, Any] = {"mode": "relu", "domains": 0, "batches": 0, "max_open": 0}
+        self.stats |= {"max_depth": 0, "attacks": 0, "unsplittable": 0}
+        self.stats |= {"root_seconds": 0.0, "branch_seconds": 0.0, "attack_seconds": 0.0}
         graph = network_graph(net, self.shape)
         self.graph = graph.to(self.dtype, self.device) if self.device.type != "cpu" else graph
+        self.check = Float64Check(self.graph, region, config, self.stats, combine=False)
         self.layout = Layout.of(self.graph, relu_nodes(self.graph))
-        self.net_layers = self._layers() if self.settings.prox_iterations else None
+        self.net_layers = self._layers(self.graph) if self.settings.prox_iterations else None
+        self.layers64 = self._layers(self.check.graph) if self.net_layers else None
         box = (t.to(self.device).reshape(1, *self.shape) for t in outward_box(region, self.dtype))
         self.box = Interval(*box)
+        dtype64 = self.check.spec.C.dtype  # float64, or the network's when no recheck
+        self.box64 = Interval(self.box.lower.to(dtype64), self.box.upper.to(dtype64))
         self.spec = UnsafeSpec.of(region, self.dtype, self.device)
         self.tol = config.prune_tol * (1 + self.spec.b.abs())  # per row
-        self.rows_of = self._polytope_rows()  # [P, r] row indices, padded by repetition
+        self.rows_of = polytope_rows(self.spec)  # [P, r] row indices, padded by repetition
         self.value_tol = self.value_tolerance(self.spec)
         self.bias = pre_biases(self.graph, self.layout, self.box.lower)
         self.base = Interval(self.box.lower, self.box.upper)  # flat root intervals, set by _root
+        self.base64 = self.base  # the same in float64 (for the recheck), set by _root
         self.sizer = BatchSizer(config)
         self.max_open = self._max_open()
         self.deadline = float("inf")
         self.worst: tuple[Tensor, Tensor] | None = None  # primal points, polytopes of the worst
-        self.stats: dict[str, Any] = {"mode": "relu", "domains": 0, "batches": 0, "max_open": 0}
-        self.stats |= {"max_depth": 0, "attacks": 0, "unsplittable": 0}
-        self.stats |= {"root_seconds": 0.0, "branch_seconds": 0.0, "attack_seconds": 0.0}
 
-    def _layers(self):
+    @staticmethod
+    def _layers(graph):
         """The chain form for the proximal stage (None for non-chain graphs: stage skipped)."""
         try:
-            return layered(self.graph)
+            return layered(graph)
         except UnsupportedOperationError:
             return None
 
@@ -180,16 +157,6 @@ class ReluBab(RegionSearch):
         size = self.box.lower.element_size()
         per_domain = self.layout.total * (2 * rows * size + 1) + rows * size + 32
         return int(min(self.config.max_domains, self.settings.max_memory_gb * 1e9 / per_domain))
-
-    def _polytope_rows(self) -> Tensor | None:
-        """`[P, r]` the row indices of each polytope, padded by repeating its first row (None
-        when some polytope has no rows)."""
-        owner = self.spec.owner
-        index = [(owner == p).nonzero().flatten() for p in range(self.spec.n_polytopes)]
-        if not index or not all(len(i) for i in index):
-            return None
-        r = max(len(i) for i in index)
-        return torch.stack([torch.cat([i, i[:1].repeat(r - len(i))]) for i in index])
 
     def _search(self) -> RegionOutcome:
         if not self.region.unsafe:
@@ -229,30 +196,40 @@ class ReluBab(RegionSearch):
     def _root(self) -> tuple[ReluDomains, tuple[Tensor, Tensor] | None]:
         """The open root domains (one per polytope the root bound does not exclude) and a
         validated counterexample among the root's primal points, if any."""
-        intervals = crown_intervals(self.graph, self.box)
-        self.base = flat_intervals(intervals, self.layout)
+        intervals = crown_intervals(self.check.graph, self.box64, deadline=self.deadline)
+        self._set_base(flat_intervals(intervals, self.layout))
         tick = time.perf_counter()
-        lower, alpha, points = self._root_bound()
+        lower, alpha, points, best = self._root_bound()
         settings, m = self.settings, self.spec.C.shape[0]
         per_pass = (time.perf_counter() - tick) / (m * (settings.root_iterations + 1))
         self.sizer.seed(per_pass * (settings.iterations + 1))  # a child: one row, fewer steps
         found = self._try_points(points)
         if found is None and not self._excluded(lower).all() and self._tighten(intervals):
-            lower, alpha, points = self._root_bound(alpha)
+            lower, alpha, points, best = self._root_bound(alpha)
             found = self._try_points(points)
-        excluded = self._excluded(lower)
-        keep = (~excluded).nonzero().flatten()
-        rows = self.rows_of[keep]  # [K, r]
-        alpha = alpha[0, rows]  # [K, r, n]
-        splits = torch.zeros(len(keep), self.layout.total, dtype=torch.int8, device=self.device)
+        rows = self.rows_of  # [P, r]: one root domain per polytope
+        n = len(rows)
+        splits = torch.zeros(n, self.layout.total, dtype=torch.int8, device=self.device)
         values = lower[0, rows] - self.spec.b[rows]
         margin = (values - self.tol[rows]).amax(1)
-        depth = torch.zeros(len(keep), dtype=torch.long, device=self.device)
-        roots = ReluDomains(splits, alpha, torch.zeros_like(alpha), keep, values, margin, depth)
-        return roots, found
+        poly = torch.arange(n, device=self.device)
+        depth = torch.zeros(n, dtype=torch.long, device=self.device)
+        zeros = torch.zeros_like(alpha[0, rows])
+        roots = ReluDomains(splits, alpha[0, rows], zeros, poly, values, margin, depth)
+        return self._confirmed(roots, best[0, rows], zeros).open(), found
 
-    def _root_bound(self, alpha: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Root bounds of every row `[1, m]`, the slopes `[1, m, n]` and the primal points."""
+    def _set_base(self, flat: Interval) -> None:
+        """The root's flat intervals `[1, n]` (float64 when rechecking): `base` for the search,
+        rounded outwards to the network's dtype, and `base64`, the same values in float64."""
+        if not self.check.active:
+            self.base = self.base64 = flat
+            return
+        self.base = outward(flat, self.dtype)
+        self.base64 = Interval(self.base.lower.double(), self.base.upper.double())
+
+    def _root_bound(self, alpha: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Root bounds of every row `[1, m]`, the last slopes `[1, m, n]`, the primal points and
+        the slopes of each row's best bound `[1, m, n]`."""
         m = self.spec.C.shape[0]
         splits = torch.zeros(1, self.layout.total, dtype=torch.int8, device=self.device)
         if alpha is None:
@@ -264,7 +241,9 @@ class ReluBab(RegionSearch):
         )  # fmt: skip
         self.stats["domains"] += 1
         points = beta_crown.minimiser(result.last.input_coeff, self.box)[0]
-        return result.lower, self.layout.flatten(result.alpha, self.layout.acts), points
+        last = self.layout.flatten(result.alpha, self.layout.acts)
+        best = last if result.best_alpha is None else self._flat(result.best_alpha)
+        return result.lower, last, points, best
 
     def _excluded(self, lower: Tensor) -> Tensor:
         """`[P]` bool: some row of each polytope has its root bound `lower [1, m]` above
@@ -273,26 +252,31 @@ class ReluBab(RegionSearch):
         return above[self.rows_of].any(dim=1)
 
     def _tighten(self, intervals: dict[str, Interval]) -> bool:
-        """Tighten the root's intermediate bounds by alpha-CROWN, within its share of the time
-        left; False when switched off."""
+        """Tighten the root's intermediate bounds (float64 `intervals`, when rechecking) by
+        alpha-CROWN in the same dtype, within its share of the time left; False when off."""
         iterations, share = self.settings.intermediate_iterations, self.settings.intermediate_share
         left = self.deadline - time.monotonic()
         if iterations == 0 or share == 0 or left <= 0:
             return False
         config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=True)
-        C = self.spec.C.unsqueeze(0)
+        C = self.check.spec.C.unsqueeze(0)
         budget = Budget(seconds=max(1e-3, share * left))
-        tightened = alpha_crown(self.graph, self.box, C, config, budget, intervals=intervals)[2]
+        tightened = alpha_crown(self.check.graph, self.box64, C, config, budget,
+                                intervals=intervals, deadline=self.deadline)[2]  # fmt: skip
         new = flat_intervals(tightened, self.layout)
-        lower = torch.maximum(self.base.lower, new.lower)
-        self.base = Interval(lower, torch.minimum(self.base.upper, new.upper))
+        lower = torch.maximum(self.base64.lower, new.lower)
+        self._set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
         return True
 
     # ----- bounding -----
 
-    def _intervals(self, splits: Tensor) -> dict[str, Interval]:
-        """Per pre-activation node the root intervals clamped by `splits [N, n]`."""
-        flat = self._flat_intervals(splits)
+    def _flat(self, per_layer: dict[str, Tensor]) -> Tensor:
+        return self.layout.flatten(per_layer, self.layout.acts)
+
+    def _intervals(self, splits: Tensor, base: Interval | None = None) -> dict[str, Interval]:
+        """Per pre-activation node the root intervals (`base`, default `self.base`) clamped by
+        `splits [N, n]`."""
+        flat = beta_crown.clamp_by_splits(self.base if base is None else base, splits)
         lower = self.layout.views(flat.lower, self.layout.pres)
         upper = self.layout.views(flat.upper, self.layout.pres)
         return {p: Interval(lower[p], upper[p]) for p in self.layout.pres}
@@ -308,18 +292,21 @@ class ReluBab(RegionSearch):
             self.graph, self.box, C, self._intervals(splits), layout.views(splits, layout.pres),
             layout.views(alpha, layout.acts), layout.views(beta, layout.acts),
             self.settings.bound_config(iterations), target=target, deadline=self.deadline,
+            keep_best=self.check.active,
         )  # fmt: skip
 
     def _bound(self, domains: ReluDomains, iterations: int) -> tuple[ReluDomains, Tensor]:
         """`domains` with fresh bounds (never below their `rows`, which must be valid on them,
         e.g. the parent's), slopes and multipliers, and their primal points
         `[N, r, *input_shape]`; in chunks of the batch size (halved on out-of-memory), checking
-        the deadline between chunks."""
+        the deadline between chunks. A margin > 0 (closed) is confirmed in float64."""
         parts, points, start = [], [], 0
         while start < len(domains):
-            if time.monotonic() >= self.deadline:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
                 raise DeadlineReachedError
-            chunk = domains.take(torch.arange(start, min(start + self.sizer.size, len(domains))))
+            size = min(self.sizer.size, self.sizer.allowed(left))
+            chunk = domains.take(torch.arange(start, min(start + size, len(domains))))
             try:
                 bounded, found = self._bound_chunk(chunk, iterations)
             except RuntimeError as error:
@@ -339,29 +326,71 @@ class ReluBab(RegionSearch):
         C = self.spec.C[rows]  # [N, r, n_out]
         result = self._optimise(d.splits, d.alpha, d.beta, C, b + tol, iterations)
         values = torch.maximum(result.lower - b, d.rows)  # the parent's bounds hold here too
-        alpha = self.layout.flatten(result.alpha, self.layout.acts)
-        beta = self.layout.flatten(result.beta, self.layout.acts)
+        alpha, beta = self._flat(result.alpha), self._flat(result.beta)
         margin = (values - tol).amax(1)
         self.stats["batches"] += 1
         bounded = ReluDomains(d.splits, alpha, beta, d.poly, values, margin, d.depth)
+        if result.best_alpha is not None:
+            best = (self._flat(result.best_alpha), self._flat(result.best_beta))
+            bounded = self._confirmed(bounded, *best)
         return bounded, beta_crown.minimiser(result.last.input_coeff, self.box)
+
+    def _confirmed(self, d: ReluDomains, alpha: Tensor, beta: Tensor) -> ReluDomains:
+        """`d` with each closed domain (margin > 0) confirmed: one float64 backward pass at the
+        slopes `alpha` and multipliers `beta [N, r, n]` that gave its bound, on the same box and
+        intervals (`base64`, clamped by its splits), for the rows of `C y - b` as written in the
+        VNN-LIB file; a domain whose float64 bound does not exceed `b + tol` stays open, with
+        its float64 rows (rounded down) and a margin <= 0."""
+        closed = (d.margin > 0).nonzero().flatten()
+        if not self.check.active or not len(closed):
+            return d
+        if not self.check.fits(len(closed), self.deadline):  # unconfirmed: they must not count
+            raise DeadlineReachedError
+        tick = time.perf_counter()
+        rows = self.rows_of[d.poly[closed]]
+        spec, layout, f64 = self.check.spec, self.layout, torch.float64
+        splits = d.splits[closed]
+        result = beta_crown.backward(
+            self.check.graph, self.box64, spec.C[rows], self._intervals(splits, self.base64),
+            layout.views(splits, layout.pres), layout.views(alpha[closed].to(f64), layout.acts),
+            layout.views(beta[closed].to(f64), layout.acts),
+        )  # fmt: skip
+        values64 = result.lower - spec.b[rows]
+        bad = (values64 - self.check.tol[rows]).amax(1) <= 0
+        failed = closed[bad]
+        values, margin = d.rows.clone(), d.margin.clone()
+        values[failed] = rounded_down(values64[bad], values.dtype)
+        margin[failed] = (values[failed] - self.tol[self.rows_of[d.poly[failed]]]).amax(1)
+        margin[failed] = margin[failed].clamp(max=0)
+        self.check.record(len(closed), len(failed), time.perf_counter() - tick)
+        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, values, margin, d.depth)
 
     def _prox_open(self, d: ReluDomains, points: Tensor) -> tuple[ReluDomains, Tensor]:
         """The open domains `d` of depth >= prox_min_depth re-bounded by `_prox` (in chunks of
-        the batch size, within the deadline); returns those still open and their points."""
+        the batch size, within the deadline); returns those still open and their points. With
+        the recheck, a domain closes only on its float64-evaluated bound."""
         deep = d.depth >= self.settings.prox_min_depth
         if not bool(deep.any()):
             return d, points
         tick = time.perf_counter()
         index = deep.nonzero().flatten()
         rows = d.rows.clone()
+        closed64 = torch.zeros(len(d), dtype=torch.bool, device=self.device)
         for start in range(0, len(index), self.sizer.size):
             if time.monotonic() >= self.deadline:
                 raise DeadlineReachedError
             part = index[start : start + self.sizer.size]
-            rows[part] = torch.maximum(rows[part], self._prox(d.take(part)))
-        tol = self.tol[self.rows_of[d.poly]]
-        d = ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, (rows - tol).amax(1), d.depth)
+            values, values64 = self._prox(d.take(part))
+            rows[part] = torch.maximum(rows[part], values)
+            if values64 is not None:
+                tol64 = self.check.tol[self.rows_of[d.poly[part]]]
+                closed64[part] = (values64 - tol64).amax(1) > 0
+        margin = (rows - self.tol[self.rows_of[d.poly]]).amax(1)
+        if self.check.active:
+            claims = int((margin > 0).sum())
+            self.check.record(claims, int(((margin > 0) & ~closed64).sum()), 0.0)
+            margin = torch.where(closed64, margin.abs() + 1, margin.clamp(max=0))
+        d = ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, margin, d.depth)
         keep = (d.margin <= 0).nonzero().flatten()
         self.stats["prox_domains"] = self.stats.get("prox_domains", 0) + len(index)
         self.stats["prox_pruned"] = self.stats.get("prox_pruned", 0) + len(d) - len(keep)
@@ -369,23 +398,26 @@ class ReluBab(RegionSearch):
         self.stats["prox_seconds"] = seconds
         return d.take(keep), points[keep]
 
-    def _prox(self, d: ReluDomains) -> Tensor:
-        """`[N, r]` lower bounds of the rows' `C y - b` by the proximal solver (Bunel, De Palma
-        et al., UAI 2020) on each domain's Planet relaxation: the root's intermediate bounds
-        clamped by the domain's splits (a split neuron's relaxation is then exact, so the
-        splits need no multipliers), from the CROWN duals of the domain's slopes `alpha`.
-        Valid for any dual point: the solver returns its best, float64-checked."""
-        n = len(d)
-        rows = self.rows_of[d.poly]
+    def _prox(self, d: ReluDomains) -> tuple[Tensor, Tensor | None]:
+        """`[N, r]` lower bounds of the rows' `C y - b` by the proximal solver on each domain's
+        split-clamped Planet relaxation (`bounds.dual.split_domains`), and (when rechecking,
+        else None) the same duals' float64 bound for the rows as written in the file."""
+        n, rows = len(d), self.rows_of[d.poly]
         box = Interval(*(t.expand(n, *self.shape) for t in (self.box.lower, self.box.upper)))
-        c = self.spec.C[rows].reshape(n, rows.shape[1], *self.graph.output.shape)  # lower only
-        problem = problem_from_intervals(self.net_layers, box, self._intervals(d.splits), c)
+        shape = (n, rows.shape[1], *self.graph.output.shape)
         views = self.layout.views(d.alpha, self.layout.acts)
-        init = crown_duals(problem, tuple(views[a] for a in self.layout.acts))
-        left = max(1e-3, self.deadline - time.monotonic())
-        config = ProximalConfig(iterations=self.settings.prox_iterations)
-        result = prox_solve(problem, config, init, Budget(seconds=left))
-        return result.lower - self.spec.b[rows]
+        exact = None
+        if self.check.active and self.layers64 is not None:
+            intervals64 = self._intervals(d.splits, self.base64)
+            exact = (self.layers64, intervals64, self.check.spec.C[rows].reshape(shape))
+        deadline = None if self.deadline == float("inf") else self.deadline
+        lower, lower64 = prox_split_bounds(
+            self.net_layers, box, self._intervals(d.splits), self.spec.C[rows].reshape(shape),
+            tuple(views[a] for a in self.layout.acts), self.settings.prox_iterations, deadline,
+            exact,
+        )  # fmt: skip
+        values64 = None if lower64 is None else lower64 - self.check.spec.b[rows]
+        return lower - self.spec.b[rows], values64
 
     # ----- branching -----
 
@@ -424,34 +456,18 @@ class ReluBab(RegionSearch):
 
     def _split(self, parents: ReluDomains, choice: Tensor, lam: Tensor) -> ReluDomains:
         """Two children per parent (active ones first), warm-started from the parent
-        (`lam [N, r, n]`: the parent's coefficients at the ReLU outputs, see `_with_split`)."""
+        (`lam [N, r, n]`: the parent's coefficients at the ReLU outputs, see `branching.with_split`)."""
         two = lambda t: torch.cat([t, t])  # noqa: E731
         n = len(parents)
         sign = torch.ones(2 * n, dtype=torch.int8, device=self.device)
         sign[n:] = -1
-        splits, beta = self._with_split(
+        splits, beta = with_split(
             two(parents.splits), two(parents.alpha), two(parents.beta), two(lam), two(choice), sign
         )
         return ReluDomains(
             splits, two(parents.alpha), beta, two(parents.poly), two(parents.rows),
             two(parents.margin), two(parents.depth) + 1,
         )  # fmt: skip
-
-    @staticmethod
-    def _with_split(splits, alpha, beta, lam, neuron, sign) -> tuple[Tensor, Tensor]:
-        """Copies of `splits [M, n]` and `beta [M, r, n]` with `neuron [M]` split to `sign [M]`.
-        The new multiplier makes the child's functional equal to the parent's where the parent
-        used the lower line `alpha xh` (`lam >= 0`): the coefficient reaching `xh` is then
-        `lam - beta = lam alpha` (active: `beta = lam (1 - alpha)`) or `beta = lam alpha`
-        (inactive), so the child's one-pass bound is at least the parent's; elsewhere 0."""
-        rows = torch.arange(len(neuron), device=neuron.device)
-        splits, beta = splits.clone(), beta.clone()
-        splits[rows, neuron] = sign
-        lam_j = lam[rows, :, neuron].clamp(min=0)  # [M, r]
-        alpha_j = alpha[rows, :, neuron].clamp(0, 1)
-        active = (sign > 0).unsqueeze(1)
-        beta[rows, :, neuron] = torch.where(active, lam_j * (1 - alpha_j), lam_j * alpha_j)
-        return splits, beta
 
     def _decide(self, parents: ReluDomains) -> tuple[Tensor, Tensor]:
         """`[N]` the flat neuron to split per parent (-1: none left), and the parents'
@@ -482,28 +498,24 @@ class ReluBab(RegionSearch):
         )  # fmt: skip
 
     def _fsb(self, parents: ReluDomains, cands: Tensor, lam: Tensor) -> Tensor:
-        """Per parent the candidate (`cands [N, K]` flat neurons) whose worse child has the
-        best one-pass bound margin: the parent's slopes and multipliers, the new split's
-        multiplier 0 (with `_with_split`'s multiplier the one-pass bound of a child equals the
-        parent's wherever `lam >= 0`, which would hide those candidates' gains)."""
-        n, k = cands.shape
+        """Per parent the candidate of `cands [N, K]` chosen by `branching.fsb_pick` from the
+        one-pass bounds of its children, in groups of the batch size (deadline between)."""
+        k = cands.shape[1]
         group = max(1, self.sizer.size // (2 * k))
         picks = []
-        for start in range(0, n, group):
-            index = torch.arange(start, min(start + group, n), device=self.device)
-            part, cand = parents.take(index), cands[index]
-            g = len(index)
-            rep = torch.arange(g, device=self.device).repeat_interleave(2 * k)
-            neuron = cand.repeat_interleave(2, dim=1).reshape(-1)
-            sign = torch.tensor([1, -1], dtype=torch.int8, device=self.device).repeat(g * k)
-            alpha, beta = part.alpha[rep], part.beta[rep]
-            splits = part.splits[rep]
-            splits[torch.arange(len(rep), device=self.device), neuron] = sign
-            rows = self.rows_of[part.poly[rep]]
-            lower = self._one_pass(splits, alpha, beta, self.spec.C[rows]).lower
-            margin = (lower - self.spec.b[rows] - self.tol[rows]).amax(1)
-            worse = margin.reshape(g, k, 2).amin(dim=2)
-            picks.append(cand[torch.arange(g, device=self.device), worse.argmax(dim=1)])
+        for start in range(0, len(parents), group):
+            if passed(self.deadline):
+                raise DeadlineReachedError
+            index = torch.arange(start, min(start + group, len(parents)), device=self.device)
+            part = parents.take(index)
+
+            def margins(splits, rep, part=part):
+                rows = self.rows_of[part.poly[rep]]
+                C = self.spec.C[rows]
+                lower = self._one_pass(splits, part.alpha[rep], part.beta[rep], C).lower
+                return (lower - self.spec.b[rows] - self.tol[rows]).amax(1)
+
+            picks.append(fsb_pick(part.splits, cands[index], margins))
         return torch.cat(picks)
 
     # ----- counterexamples -----
@@ -533,5 +545,6 @@ class ReluBab(RegionSearch):
         owner = torch.zeros(len(rows), dtype=torch.long, device=self.device)
         spec = UnsafeSpec(self.spec.C[rows], self.spec.b[rows], owner, 1)
         lower, upper = self.box.lower, self.box.upper
-        found, values = pgd(self.net, lower, upper, spec, starts, self.config.attack.steps)
+        steps = self.config.attack.steps
+        found, values = pgd(self.net, lower, upper, spec, starts, steps, deadline=self.deadline)
         return self._validate_best(found, values)

@@ -4,17 +4,26 @@ for few inputs, ReLU splitting otherwise; see `verify.bab.splitting_mode`).
 Answers: "unsat" (the property holds: every region's domains were pruned by sound bounds),
 "sat" (a counterexample validated by a float64 forward pass), "timeout" (the time limit came
 first) or "unknown" (interrupted, a domain limit, or an unsupported specification).
+
+The time limit holds for every stage (the attack, the root bounds and their intermediate-bound
+optimisation, each bounding chunk, the float64 rechecks): each is given the deadline and checks
+the host clock between iterations, chunks or layers, so an answer comes within a chunk of it.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+import numbers
 import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
+from bounds.errors import InvalidLimitError, ShapeMismatchError
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
 from verify.onnx_loader import load_onnx
@@ -60,13 +69,75 @@ def _load(net: nn.Module | str | os.PathLike, spec) -> tuple[nn.Module, VnnlibPr
     return net, spec
 
 
-def _attack_all(net, spec: VnnlibProperty, config: AttackConfig, seed: int):
-    """A validated `(x, y)` from a PGD attack on any region, or None."""
+def check_timeout(timeout: Any) -> float:
+    """`timeout` as float seconds; `InvalidLimitError` unless a finite number > 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidLimitError(f"timeout must be a number of seconds, got {timeout!r}")
+    seconds = float(timeout)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InvalidLimitError(f"timeout must be finite and > 0 seconds, got {timeout!r}")
+    return seconds
+
+
+def check_sizes(net: nn.Module, spec: VnnlibProperty) -> None:
+    """`ShapeMismatchError` (naming the spec file and both sizes) unless the network takes the
+    spec's number of inputs and gives its number of outputs (one forward pass at the first
+    region's lower corner when the net does not declare its shapes)."""
+    n_in, n_out = spec.n_inputs, spec.n_outputs
+    for k, region in enumerate(spec.regions):
+        if len(region.lower) != n_in:
+            raise ShapeMismatchError(
+                f"{spec.path}: region {k} has {len(region.lower)} inputs, the header {n_in}"
+            )
+        for poly in region.unsafe:
+            if poly.A.shape[1] != n_out:
+                raise ShapeMismatchError(
+                    f"{spec.path}: region {k} constrains {poly.A.shape[1]} outputs, not {n_out}"
+                )
+    shape = getattr(net, "input_shape", None)
+    if shape is not None and math.prod(shape) != n_in:
+        raise ShapeMismatchError(
+            f"{spec.path} has {n_in} inputs but the network takes {math.prod(shape)} "
+            f"(input shape {tuple(shape)})"
+        )
+    declared = getattr(net, "output_shape", None)
+    if declared is not None:
+        got = math.prod(declared)
+    else:
+        param = next(net.parameters(), None)
+        dtype = param.dtype if param is not None else torch.get_default_dtype()
+        device = param.device if param is not None else None
+        x = torch.zeros(1, *(shape or (n_in,)), dtype=dtype, device=device)
+        try:
+            with torch.no_grad():
+                got = net(x).numel()
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            raise ShapeMismatchError(
+                f"{spec.path} has {n_in} inputs but the network rejects inputs of shape "
+                f"{tuple(x.shape[1:])}: {error}"
+            ) from error
+    if got != n_out:
+        raise ShapeMismatchError(f"{spec.path} has {n_out} outputs but the network gives {got}")
+
+
+def _attack_all(net, spec: VnnlibProperty, config: AttackConfig, seed: int, deadline: float):
+    """A validated `(x, y)` from a PGD attack on any region, or None (also once the deadline
+    has passed)."""
     for region in spec.regions:
-        x = find_counterexample(net, region, config=config, seed=seed)
+        if time.monotonic() >= deadline:
+            return None
+        x = find_counterexample(net, region, config=config, seed=seed, deadline=deadline)
         if x is not None:
             return validate(net, region, x)
     return None
+
+
+def evaluation_mode(net: nn.Module) -> nn.Module:
+    """`net` when no submodule is in training mode, else an eval-mode deep copy: verification
+    is of the inference network, and the caller's module (and its flags) is never changed."""
+    if any(m.training for m in net.modules()):
+        return copy.deepcopy(net).eval()
+    return net
 
 
 def verify(
@@ -85,10 +156,12 @@ def verify(
     replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting bounds its
     domains by alpha-beta-CROWN. `splitting`: "auto", "input" or "relu" (replaces
     `config.splitting` when given). The network runs in its own dtype and device;
-    counterexamples are checked in float64 on the CPU.
+    counterexamples are checked in float64 on the CPU. Raises `InvalidLimitError` for a
+    timeout that is not a finite number > 0 and `ShapeMismatchError` when the spec's numbers
+    of inputs or outputs are not the network's, before any other work.
     """
     start = time.monotonic()
-    deadline = start + timeout
+    deadline = start + check_timeout(timeout)
     config = replace(config or BabConfig(), method=method)
     if splitting is not None:
         config = replace(config, splitting=splitting)
@@ -96,10 +169,14 @@ def verify(
     status, found = "unknown", None
     try:
         net, spec = _load(net, spec)
-        net.eval()
-        found = _attack_all(net, spec, config.attack, seed)
+        net = evaluation_mode(net)
+        check_sizes(net, spec)
+        found = _attack_all(net, spec, config.attack, seed, deadline)
         status = "sat" if found is not None else "unsat"
         for region in spec.regions if found is None else ():
+            if time.monotonic() >= deadline:
+                status = "timeout"
+                break
             outcome = solve_region(net, region, deadline, config, seed)
             stats["regions"].append(outcome.stats)
             if outcome.status != "unsat":

@@ -13,6 +13,7 @@ from torch import Tensor
 from bounds.compile import CompileMode, check_mode
 from bounds.dual.decomposition import Problem, evaluate
 from bounds.dual.duals import Duals
+from bounds.methods.pacing import Pacer, deadline_of
 from bounds.types import Budget
 
 
@@ -64,32 +65,41 @@ class Best:
 
 @dataclass
 class Clock:
-    """Iteration / time budget, checked only every `check_every` iterations."""
+    """Iteration / time budget: the trajectory is recorded every `check_every` iterations; the
+    time (`deadline`, a `time.monotonic()` instant) is paced every iteration on the host clock
+    (`Pacer`: no iteration starts that would end past it, keeping `reserve` seconds for the
+    final float64 evaluation)."""
 
     iterations: int
-    seconds: float | None
+    deadline: float | None
     check_every: int
     start: float = field(default_factory=time.perf_counter)
     trajectory: list[tuple[float, Tensor]] = field(default_factory=list)
+    pacer: Pacer | None = None
 
     @staticmethod
-    def from_budget(budget: Budget | None, iterations: int, check_every: int) -> Clock:
+    def from_budget(
+        budget: Budget | None, iterations: int, check_every: int, deadline: float | None = None
+    ) -> Clock:
         if budget is not None and budget.iterations is not None:
             iterations = budget.iterations
-        seconds = None if budget is None else budget.seconds
-        return Clock(iterations, seconds, check_every)
+        return Clock(iterations, deadline_of(budget, deadline), check_every)
+
+    def pace(self, reserve: float) -> None:
+        """Start pacing now, keeping `reserve` seconds after the loop."""
+        self.pacer = Pacer(self.deadline, reserve)
 
     def checkpoint(self, it: int, best: Best) -> bool:
         """Record the trajectory every `check_every` iterations; True when the time is up."""
-        if (it + 1) % self.check_every:
-            return False
-        return self.record(best)
+        if not (it + 1) % self.check_every:
+            self.record(best)
+        return self.pacer is not None and self.pacer.done()
 
     def record(self, best: Best) -> bool:
-        """Record `(elapsed, best value)` now; True when the time is up."""
+        """Record `(elapsed, best value)` now; True when the deadline has passed."""
         elapsed = time.perf_counter() - self.start
         self.trajectory.append((elapsed, best.value.clone()))
-        return self.seconds is not None and elapsed >= self.seconds
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def stats(self, iterations: int) -> dict:
         return {

@@ -20,14 +20,16 @@ from bounds.methods.crown import (
     scatter_bounds,
     unstable_indices,
 )
+from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 
 INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient")
 
 
 def _tighten_layer(
-    graph: Graph, net: LayeredNet, box: Interval, intervals: dict[str, Interval], k: int, solve
-) -> Interval:
+    graph: Graph, net: LayeredNet, box: Interval, intervals: dict[str, Interval], k: int, solve,
+    deadline: float | None = None,
+) -> Interval:  # fmt: skip
     """LD bounds of the ambiguous neurons of hidden layer k (`xh_k`, k >= 2)."""
     name = net.pre_names[k - 1]
     index = unstable_indices(intervals[name])
@@ -41,7 +43,7 @@ def _tighten_layer(
         return solve(problem, crown_duals(problem))
 
     batch = box.lower.shape[0]
-    low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound)
+    low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound, None, deadline)
     return scatter_bounds(current, index, low, up)
 
 
@@ -51,13 +53,17 @@ def decomposition_intervals(
     box: Interval,
     solve: Callable[..., Tensor],
     given: dict[str, Interval] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Interval]:
     """CROWN intervals, then each hidden layer k >= 2 tightened in turn by `solve(problem, init)
-    -> [B, S] lower bounds` (a decomposition solver with its own budget)."""
-    intervals = crown_intervals(graph, box, given)
+    -> [B, S] lower bounds` (a decomposition solver with its own budget); past `deadline`
+    (`time.monotonic()`) the neurons left keep the intervals they have."""
+    intervals = crown_intervals(graph, box, given, deadline)
     for k in range(2, net.n_hidden + 1):
+        if passed(deadline):
+            break
         name = net.pre_names[k - 1]
-        intervals[name] = _tighten_layer(graph, net, box, intervals, k, solve)
+        intervals[name] = _tighten_layer(graph, net, box, intervals, k, solve, deadline)
     return intervals
 
 
@@ -68,16 +74,19 @@ def intermediate_intervals(
     kind: str,
     iterations: int = 50,
     given: dict[str, Interval] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Interval]:
     """Intervals of every node by the method `kind` (see module docstring); `iterations` is
-    the decomposition solvers' budget per layer; `given` intervals are intersected in."""
+    the decomposition solvers' budget per layer; `given` intervals are intersected in;
+    `deadline` (`time.monotonic()`): every stage stops by then, keeping valid intervals."""
     if kind == "ibp":
         return graph.interval(box, given)
     if kind == "crown":
-        return crown_intervals(graph, box, given)
+        return crown_intervals(graph, box, given, deadline)
     if kind == "alpha-crown":
-        base = crown_intervals(graph, box, given)
-        return alpha_crown(graph, box, C, AlphaCrownConfig(), intervals=base)[2]
+        base = crown_intervals(graph, box, given, deadline)
+        config = AlphaCrownConfig()
+        return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline)[2]
     solvers = {
         "prox": (proximal.solve, proximal.ProximalConfig()),
         "supergradient": (supergradient.solve, supergradient.SupergradientConfig()),
@@ -87,6 +96,6 @@ def intermediate_intervals(
     solve_fn, config = solvers[kind]
 
     def solve(problem, init):
-        return solve_fn(problem, config, init, Budget(iterations=iterations)).lower
+        return solve_fn(problem, config, init, Budget(iterations=iterations), deadline).lower
 
-    return decomposition_intervals(graph, layered(graph), box, solve, given)
+    return decomposition_intervals(graph, layered(graph), box, solve, given, deadline)

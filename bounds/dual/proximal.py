@@ -22,6 +22,7 @@ makes the defaults independent of the network's and the objective's scales.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -240,15 +241,20 @@ def initial_state(problem: Problem, init: Duals) -> tuple[ProxState, tuple[Tenso
 
 
 def solve(
-    problem: Problem, config: ProximalConfig, init: Duals, budget: Budget | None = None
-) -> DualResult:
+    problem: Problem, config: ProximalConfig, init: Duals, budget: Budget | None = None,
+    deadline: float | None = None,
+) -> DualResult:  # fmt: skip
     """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`).
 
     `iterations` counts sweeps; the loop runs `ceil(iterations / inner)` outer iterations and
-    checks the budget whenever a multiple of `check_every` sweeps is passed."""
-    clock = Clock.from_budget(budget, config.iterations, config.check_every)
+    records the trajectory whenever a multiple of `check_every` sweeps is passed. The budget's
+    seconds (from the call) and `deadline` (`time.monotonic()`), whichever comes first, are
+    paced every outer iteration (host clock)."""
+    clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
     outer = -(-clock.iterations // config.inner)
+    tick = time.monotonic()
     state, scale = initial_state(problem, init)
+    clock.pace(reserve=3 * (time.monotonic() - tick))  # the final float64 evaluation
     use = should_compile(config.compile, problem.c.device, cpu_default=False)
     steps = {"sweep": step_function(sweep_step, use), "anchor": step_function(anchor_step, use)}
     if use:
@@ -259,9 +265,9 @@ def solve(
                             device=problem.c.device)  # fmt: skip
         state = prox_step(problem, state, factor, scale, config.inner, config.momentum, **steps)
         done = (k + 1) * config.inner
-        if done // clock.check_every > (done - config.inner) // clock.check_every and clock.record(
-            Best(state.best_value, Duals(state.best_rho))
-        ):
+        if done // clock.check_every > (done - config.inner) // clock.check_every:
+            clock.record(Best(state.best_value, Duals(state.best_rho)))
+        if clock.pacer.done():
             break
     best = Best(state.best_value, Duals(state.best_rho))
     sweeps = min(clock.iterations, (k + 1) * config.inner) if outer else 0

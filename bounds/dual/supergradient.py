@@ -4,6 +4,7 @@ linearly from `initial_step` to `final_step`."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -88,11 +89,16 @@ def initial_state(problem: Problem, init: Duals) -> AscentState:
 
 
 def solve(
-    problem: Problem, config: SupergradientConfig, init: Duals, budget: Budget | None = None
-) -> DualResult:
-    """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`)."""
-    clock = Clock.from_budget(budget, config.iterations, config.check_every)
+    problem: Problem, config: SupergradientConfig, init: Duals, budget: Budget | None = None,
+    deadline: float | None = None,
+) -> DualResult:  # fmt: skip
+    """Maximise `q(rho)` from `init`; returns the best bound seen (never below `q(init)`).
+    The budget's seconds (from the call) and `deadline` (`time.monotonic()`), whichever comes
+    first, are paced every iteration (host clock)."""
+    clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
+    tick = time.monotonic()
     state = initial_state(problem, init)
+    clock.pace(reserve=3 * (time.monotonic() - tick))  # the final float64 evaluation
     use = should_compile(config.compile, problem.c.device, cpu_default=False)
     step_fn = step_function(ascent_step, use)
     if use:

@@ -4,7 +4,11 @@ Every (start node, activation) pair has its own slopes `alpha` in [0, 1], one pe
 neuron: the final specs, and the `+-e_j` specs of each ambiguous pre-activation neuron when
 `optimize_intermediate` is set. Adam ascends the sum of the final lower bounds; intermediate
 bounds are recomputed each iteration and intersected with CROWN's, so they are never looser.
-Any alpha gives valid bounds: we keep the best bound per spec over all iterations.
+Any alpha gives valid bounds: we keep the best bound per spec over all iterations, and the
+output slopes that gave it (`stats['best_slopes']`: evaluated again, e.g. in float64, they
+reproduce that bound). A deadline (a budget's seconds, or `deadline=`) is paced on the host
+clock: the loop stops before an iteration that would pass it, and a pass that crosses it keeps
+CROWN's intervals for the neurons left (valid), so a call ends within a chunk of its deadline.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from bounds.methods.crown import (
     split_output,
     unstable_indices,
 )
+from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.types import Budget, Interval
 from relaxations import LinearBounds
 
@@ -67,8 +72,9 @@ class AlphaCrownConfig:
 
 class AlphaState(NamedTuple):
     """All tensors: the slopes (one per (start, activation) key, in `_Problem.keys` order),
-    Adam's moments and step count (0-d), the best final bounds `[B, 2S]` and the tightest
-    intervals seen (`lower`/`upper` per graph node, in graph order)."""
+    Adam's moments and step count (0-d), the best final bounds `[B, 2S]`, the tightest
+    intervals seen (`lower`/`upper` per graph node, in graph order) and, per output key (in
+    `_Problem.out_index` order), the slopes that gave each spec's best bound `[B, 2S, *shape]`."""
 
     alphas: tuple[Tensor, ...]
     m: tuple[Tensor, ...]
@@ -77,6 +83,7 @@ class AlphaState(NamedTuple):
     best: Tensor
     best_lower: tuple[Tensor, ...]
     best_upper: tuple[Tensor, ...]
+    best_slopes: tuple[Tensor, ...]
 
 
 def adam_ascent(
@@ -106,6 +113,13 @@ class _Problem:
     targets: dict[str, Tensor]  # pre-activation node -> flat indices of its ambiguous neurons
     keys: tuple[tuple[str, str], ...]  # (start, activation) of each slope tensor
     chunks: dict[str, int]  # neurons per backward pass for each target (fixed outside compile)
+    deadline: float | None = None  # time.monotonic(); None when the step is compiled
+
+    @property
+    def out_index(self) -> tuple[int, ...]:
+        """Positions in `keys` of the output's slopes."""
+        out = self.graph.output.name
+        return tuple(i for i, (start, _) in enumerate(self.keys) if start == out)
 
 
 def _activations_before(graph: Graph, start: str) -> list[str]:
@@ -154,11 +168,11 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
     intervals: dict[str, Interval] = {p.graph.input.name: p.box}
     for node in p.graph.nodes[1:]:
         iv = node.op.interval(*(intervals[i] for i in node.inputs)).intersect(p.base[node.name])
-        if node.name in p.targets:
+        if node.name in p.targets and not passed(p.deadline):  # past it: CROWN's (in base)
             index = p.targets[node.name]
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
             step = p.chunks[node.name]
-            low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step)
+            low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step, p.deadline)
             iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
     out = p.graph.output.name
@@ -180,15 +194,35 @@ def _objective(p: _Problem, alphas: tuple[Tensor, ...]):
 def _gradient(p: _Problem, alphas: tuple[Tensor, ...], functional: bool):
     """`(d objective / d alphas, aux)`: by `torch.func.grad` inside compiled code (Dynamo
     traces it; `torch.autograd.grad` would break the graph), by `torch.autograd.grad` in eager
-    mode (the first `torch.func` call imports torch._dynamo: seconds per process)."""
+    mode (the first `torch.func` call imports torch._dynamo: seconds per process), where the
+    gradient is None when its backward pass, predicted to take twice the forward's host time,
+    would end past `p.deadline`."""
     if not alphas:
         return (), _objective(p, ())[1]
     if functional:
         return torch.func.grad(_objective, argnums=1, has_aux=True)(p, alphas)
     with torch.enable_grad():
         params = tuple(a.detach().requires_grad_(True) for a in alphas)
+        tick = time.monotonic()
         total, aux = _objective(p, params)
-        return torch.autograd.grad(total, params), aux
+        if p.deadline is not None and 3 * time.monotonic() - 2 * tick > p.deadline:
+            return None, aux  # the backward (about twice the forward) would pass the deadline
+        grads = torch.autograd.grad(total, params, allow_unused=True)  # unused: past-deadline
+        return tuple(torch.zeros_like(a) if g is None else g for a, g in zip(alphas, grads)), aux
+
+
+def _kept(p: _Problem, state: AlphaState, result: Tensor, lower, upper) -> AlphaState:
+    """`state` with the bounds `result [B, 2S]` and intervals of its current slopes kept where
+    better (per spec, per neuron), and the slopes of every improved spec."""
+    improved = result > state.best
+    slopes = []
+    for i, best in zip(p.out_index, state.best_slopes):
+        mask = improved.reshape(*improved.shape, *([1] * (best.dim() - 2)))
+        slopes.append(torch.where(mask, state.alphas[i].detach(), best))
+    lower = tuple(torch.maximum(b, n) for b, n in zip(state.best_lower, lower))
+    upper = tuple(torch.minimum(b, n) for b, n in zip(state.best_upper, upper))
+    best = torch.maximum(state.best, result)
+    return AlphaState(state.alphas, state.m, state.v, state.t, best, lower, upper, tuple(slopes))
 
 
 def alpha_step(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
@@ -197,10 +231,19 @@ def alpha_step(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
     bound pass, its gradient and the update."""
     functional = torch.compiler.is_compiling()
     grads, (result, lower, upper) = _gradient(p, state.alphas, functional)
-    lower = tuple(torch.maximum(b, n) for b, n in zip(state.best_lower, lower))
-    upper = tuple(torch.minimum(b, n) for b, n in zip(state.best_upper, upper))
+    kept = _kept(p, state, result, lower, upper)
+    if grads is None:  # out of time (eager only): the same slopes, which ends the loop
+        return kept
     alphas, m, v, t = adam_ascent(state.alphas, grads, state.m, state.v, state.t, lr)
-    return AlphaState(alphas, m, v, t, torch.maximum(state.best, result), lower, upper)
+    return AlphaState(alphas, m, v, t, *kept[4:])
+
+
+def alpha_evaluate(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
+    """`alpha_step` without the gradient and the update: the bounds at the current slopes
+    (the last iteration, eager mode)."""
+    with torch.no_grad():
+        _, (result, lower, upper) = _objective(p, state.alphas)
+    return _kept(p, state, result, lower, upper)
 
 
 def _initial_state(p: _Problem, alphas: dict) -> AlphaState:
@@ -211,11 +254,30 @@ def _initial_state(p: _Problem, alphas: dict) -> AlphaState:
     lower = tuple(p.base[n].lower.clone() for n in names)  # no aliasing of compiled inputs
     upper = tuple(p.base[n].upper.clone() for n in names)
     best = p.box.lower.new_full((p.box.lower.shape[0], 2 * p.C.shape[1]), -torch.inf)
-    return AlphaState(params, zeros, moments, p.box.lower.new_zeros(()), best, lower, upper)
+    slopes = tuple(params[i].clone() for i in p.out_index)
+    t = p.box.lower.new_zeros(())
+    return AlphaState(params, zeros, moments, t, best, lower, upper, slopes)
+
+
+def _with_slopes(p: _Problem, alphas: dict, slopes: dict[str, Tensor] | None) -> dict:
+    """`alphas` with the output's slopes replaced by `slopes` (`{activation: [B, 2S, *shape]}`,
+    clamped to [0, 1]); each must match the default's shape."""
+    out = p.graph.output.name
+    for act, given in (slopes or {}).items():
+        if (out, act) not in alphas:
+            raise ValueError(f"init_slopes names {act!r}, not an activation before the output")
+        default = alphas[out, act]
+        if tuple(given.shape) != tuple(default.shape):
+            raise ValueError(
+                f"init_slopes[{act!r}] has shape {tuple(given.shape)}, need {tuple(default.shape)}"
+            )
+        value = given.detach().to(default).clamp(0.0, 1.0)
+        alphas[out, act] = value.clone().requires_grad_(True)
+    return alphas
 
 
 def _use_compile(config: AlphaCrownConfig, device: torch.device) -> bool:
-    """"auto": on CUDA for final-layer slopes only; with `optimize_intermediate` the step
+    """ "auto": on CUDA for final-layer slopes only; with `optimize_intermediate` the step
     unrolls a backward pass per chunk of every layer's neurons and compiles for minutes."""
     if config.compile == "auto" and config.optimize_intermediate:
         return False
@@ -233,16 +295,24 @@ def alpha_crown(
     config: AlphaCrownConfig,
     budget: Budget | None = None,
     intervals: dict[str, Interval] | None = None,
+    *,
+    deadline: float | None = None,
+    init_slopes: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:
     """Optimised-slope bounds on `C . y`: `(lower, upper, intervals, stats)`.
 
     `intervals`: valid intervals of every node to start from (default: CROWN's); they are never
-    loosened. `stats['final_slopes']` maps each activation to its last output slopes
-    `[B, 2S, *shape]` (specs `C` then `-C`)."""
+    loosened. `deadline` (`time.monotonic()`) and `budget.seconds` (from the call): whichever
+    comes first ends the call (see the module docstring). `init_slopes`: output slopes to start
+    from (`{activation: [B, 2S, *shape]}`, e.g. a previous run's `best_slopes`; with 0
+    iterations the bound at exactly those slopes). `stats['final_slopes']` maps each activation
+    to its last output slopes `[B, 2S, *shape]` (specs `C` then `-C`), `stats['best_slopes']`
+    to the slopes of each spec's best bound."""
     start_time = time.perf_counter()
-    base = intervals if intervals is not None else crown_intervals(graph, box)
+    stop_at = deadline_of(budget, deadline)
+    base = intervals if intervals is not None else crown_intervals(graph, box, deadline=stop_at)
     targets = {}
-    if config.optimize_intermediate:
+    if config.optimize_intermediate and not passed(stop_at):  # past it: the output's slopes only
         for name in needs_crown(graph):
             index = unstable_indices(base[name])
             if index.numel():
@@ -250,32 +320,32 @@ def alpha_crown(
     batch = box.lower.shape[0]
     chunks = {n: neuron_chunk(graph, batch, index.numel()) for n, index in targets.items()}
     problem = _Problem(graph, box, C, base, targets, (), chunks)
-    alphas = _init_alphas(problem)
-    problem = _Problem(graph, box, C, base, targets, tuple(alphas), chunks)
+    alphas = _with_slopes(problem, _init_alphas(problem), init_slopes)
+    use = _use_compile(config, box.lower.device) and bool(alphas)
+    inner = None if use else stop_at  # compiled steps: paced between iterations only
+    problem = _Problem(graph, box, C, base, targets, tuple(alphas), chunks, inner)
     iterations = (
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
     state = _initial_state(problem, alphas)
     if not alphas:  # nothing to optimise (no ambiguous neuron): one bound pass
         iterations = 0
-    use = _use_compile(config, box.lower.device) and bool(alphas)
     step = step_function(alpha_step, use)
     if use:
         base_tensors = [(iv.lower, iv.upper) for iv in base.values()]
         mark_batch_dynamic((box.lower, box.upper, C, base_tensors, state))
     lr = torch.full((), config.lr, dtype=box.lower.dtype, device=box.lower.device)
     last_check, trajectory, it = None, [], 0
+    pacer = Pacer(stop_at)
     for it in range(iterations + 1):
         evaluated = state.alphas
-        state = step(problem, state, lr)
-        if it == iterations or not alphas:
+        last = it == iterations or (it == 0 and passed(stop_at))
+        state = (alpha_evaluate if last and not use else step)(problem, state, lr)
+        if last or state.alphas is evaluated or pacer.done():  # out of iterations or time
             break
         if (it + 1) % config.check_every == 0:
             total = state.best.sum()
-            elapsed = time.perf_counter() - start_time
-            trajectory.append((elapsed, float(total)))
-            if budget and budget.seconds is not None and elapsed > budget.seconds:
-                break
+            trajectory.append((time.perf_counter() - start_time, float(total)))
             if _stalled(total, last_check, config.tolerance):
                 break
             last_check = total
@@ -283,9 +353,11 @@ def alpha_crown(
     out = graph.output.name
     final = dict(zip(problem.keys, evaluated))
     slopes = {act: final[out, act] for act in _activations_before(graph, out)}
+    best_slopes = {problem.keys[i][1]: t for i, t in zip(problem.out_index, state.best_slopes)}
     names = [n.name for n in graph.nodes]
     best_intervals = {
         n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)
     }
     stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
+    stats["best_slopes"] = best_slopes
     return lower, upper, best_intervals, stats

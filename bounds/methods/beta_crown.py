@@ -33,6 +33,7 @@ from torch import Tensor
 
 from bounds.graph import Graph
 from bounds.methods.crown import backward_pass, relax_backward
+from bounds.methods.pacing import Pacer
 from bounds.types import Interval
 
 
@@ -71,13 +72,17 @@ class SplitResult:
     iterates (copies), to warm-start children: the optimisation then continues from generation
     to generation (measured: much better than restarting children from the best iterate, whose
     neighbourhood the first Adam steps leave and rarely regain within a few steps); `last`: the
-    backward pass of those iterates; `iterations` run."""
+    backward pass of those iterates; `iterations` run; `best_alpha`, `best_beta` (with
+    `keep_best`, else None): per spec the iterate that gave `lower` (a certificate: one
+    `backward` pass with them reproduces the bound, e.g. in float64)."""
 
     lower: Tensor
     alpha: dict[str, Tensor]
     beta: dict[str, Tensor]
     last: SplitBackward
     iterations: int
+    best_alpha: dict[str, Tensor] | None = None
+    best_beta: dict[str, Tensor] | None = None
 
 
 def relu_nodes(graph: Graph) -> list[tuple[str, str]]:
@@ -185,25 +190,33 @@ def optimise(
     *,
     target: Tensor | None = None,
     deadline: float | None = None,
+    keep_best: bool = False,
 ) -> SplitResult:
     """Best lower bounds of `C . y` over `config.iterations` Adam steps on `alpha` (in [0, 1])
     and `beta` (>= 0, only split neurons matter), starting from the given ones (copied).
 
     `target [N, S]`: stop once every domain has some spec whose bound exceeds its target;
-    `deadline` (`time.monotonic()`): stop after the iteration that passes it. Any iterate's
-    bound is valid, so an early stop only loosens the result."""
+    `deadline` (`time.monotonic()`): stop before an iteration predicted (host clock, from the
+    previous ones) to end past it, and after one that passes it. Any iterate's bound is valid,
+    so an early stop only loosens the result. `keep_best`: also return the iterate of each
+    spec's best bound (`SplitResult.best_alpha`, `best_beta`)."""
     alpha = {k: v.detach().clone().requires_grad_(True) for k, v in alpha.items()}
     beta = {k: v.detach().clone().requires_grad_(True) for k, v in beta.items()}
     params = list(alpha.values()) + list(beta.values())
     lrs = [config.lr_alpha] * len(alpha) + [config.lr_beta] * len(beta)
     adam = _Adam(params, lrs, [1.0] * len(alpha) + [None] * len(beta))
-    best, last_check, it = None, None, 0
+    best, last_check, it, pacer = None, None, 0, Pacer(deadline)
+    kept: tuple[dict, dict] | None = None
     for it in range(config.iterations + 1):
         with torch.enable_grad():
             last = backward(graph, box, C, intervals, splits, alpha, beta)
         value = last.lower.detach()
+        if keep_best:
+            kept = _keep_best(kept, value, best, alpha, beta)
         best = value if best is None else torch.maximum(best, value)
         if it == config.iterations or not params or _done(best, target, deadline):
+            break
+        if pacer.done():  # the next iteration would end past the deadline
             break
         if it and it % config.check_every == 0:
             total = best.sum()
@@ -214,7 +227,25 @@ def optimise(
             last_check = total
         grads = torch.autograd.grad(-last.lower.sum(), params, allow_unused=True)
         adam.step(tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)))
-    return SplitResult(best, _detached(alpha), _detached(beta), _detached_pass(last), it)
+    best_alpha, best_beta = kept if kept is not None else (None, None)
+    return SplitResult(best, _detached(alpha), _detached(beta), _detached_pass(last), it,
+                       best_alpha, best_beta)  # fmt: skip
+
+
+def _keep_best(kept, value: Tensor, best: Tensor | None, alpha: dict, beta: dict):
+    """`(alpha, beta)` per spec from the iterate of `value [N, S]` where it beats `best`."""
+    if kept is None or best is None:
+        return _detached(alpha), _detached(beta)
+    improved = value > best
+
+    def pick(new: dict, old: dict) -> dict:
+        out = {}
+        for k, t in new.items():
+            mask = improved.reshape(*improved.shape, *([1] * (t.dim() - 2)))
+            out[k] = torch.where(mask, t.detach(), old[k])
+        return out
+
+    return pick(alpha, kept[0]), pick(beta, kept[1])
 
 
 def _detached(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

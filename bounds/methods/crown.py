@@ -16,12 +16,16 @@ import torch
 from torch import Tensor
 
 from bounds.graph import Graph, Node
+from bounds.methods.pacing import passed
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds, neuron_status
 
 # Largest functional (batch x specs x elements of a node) processed at once: 2^25 floats.
 MAX_FUNCTIONAL_ELEMENTS = 1 << 25
+
+# Neurons per chunk below which a deadline does not split a layer's bound further.
+DEADLINE_CHUNK = 32
 
 LinesFn = Callable[[str], LinearBounds]  # activation node -> its lines for one backward pass
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
@@ -48,6 +52,7 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
 
     `lines(act)` gives the activation's lines, broadcastable to `[batch, specs, *shape]`.
     """
+
     def relax(node: Node, coeff: Tensor) -> tuple[Tensor, Tensor]:
         return relax_backward(coeff, lines(node.name))
 
@@ -116,17 +121,26 @@ def neuron_chunk(graph: Graph, batch: int, count: int) -> int:
 
 def bound_in_chunks(
     graph: Graph, node: str, index: Tensor, batch: int, like: Tensor, lower_bound: Callable,
-    step: int | None = None,
+    step: int | None = None, deadline: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
     functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(A, offset, count)` gives lower
     bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`).
-    `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside)."""
+    `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside).
+    `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
+    `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed are not bounded: their
+    neurons get `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
     shape = graph[node].shape
     step = step or neuron_chunk(graph, batch, index.numel())
+    if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
+        step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
     lowers, uppers = [], []
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
+        if passed(deadline):
+            lowers.append(like.new_full((batch, part.numel()), -torch.inf))
+            uppers.append(like.new_full((batch, part.numel()), torch.inf))
+            continue
         result = lower_bound(unit_functionals(part, shape, batch, like), offset, part.numel())
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
@@ -135,16 +149,17 @@ def bound_in_chunks(
 
 def bound_neurons(
     graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn,
-    step: int | None = None,
+    step: int | None = None, deadline: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
-    `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`."""
+    `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
+    chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`)."""
 
     def lower_bound(A: Tensor, offset: int, count: int) -> Tensor:
         return backward_bound(graph, node, A, box, lines_for(offset, count))
 
     batch = box.lower.shape[0]
-    return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step)
+    return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
 
 
 def scatter_bounds(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
@@ -204,11 +219,22 @@ def needs_crown(graph: Graph) -> list[str]:
 
 
 def crown_intervals(
-    graph: Graph, box: Interval, given: dict[str, Interval] | None = None
+    graph: Graph,
+    box: Interval,
+    given: dict[str, Interval] | None = None,
+    deadline: float | None = None,
+    every_neuron: bool = False,
 ) -> dict[str, Interval]:
     """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
     and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
-    bound domain, `lower = 0` for an active neuron, `upper = 0` for an inactive one)."""
+    bound domain, `lower = 0` for an active neuron, `upper = 0` for an inactive one). Once
+    `deadline` (`time.monotonic()`) has passed, the remaining neurons keep their IBP intervals
+    (valid, looser): the call ends within one chunk of the deadline.
+
+    A neuron ambiguous in any batch element is bounded by CROWN in all of them, which can
+    tighten an element's (stable) neuron and so its later layers: a box's bounds depend a
+    little on its batch. `every_neuron`: bound every neuron of those nodes by CROWN (at least
+    as tight for each box as any batch gives it; used to re-check a batch's bounds)."""
     intervals: dict[str, Interval] = {graph.input.name: box}
     targets = set(needs_crown(graph))
     given = given or {}
@@ -216,11 +242,13 @@ def crown_intervals(
         iv = node.op.interval(*(intervals[i] for i in node.inputs))
         if node.name in given:
             iv = iv.intersect(given[node.name])
-        if node.name in targets:
+        if node.name in targets and not passed(deadline):
             index = unstable_indices(iv)
+            if every_neuron:
+                index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
             if index.numel():
                 lines_for = constant_lines(default_lines(graph, intervals))
-                low, up = bound_neurons(graph, node.name, index, box, lines_for)
+                low, up = bound_neurons(graph, node.name, index, box, lines_for, None, deadline)
                 iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
     return intervals
@@ -233,10 +261,12 @@ def interval_bound(C: Tensor, output: Interval) -> Tensor:
 
 
 def crown(
-    graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None
-) -> tuple[Tensor, Tensor, dict[str, Interval]]:
-    """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`."""
-    intervals = crown_intervals(graph, box, given)
+    graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None,
+    every_neuron: bool = False,
+) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
+    """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`
+    (`every_neuron`: see `crown_intervals`)."""
+    intervals = crown_intervals(graph, box, given, every_neuron=every_neuron)
     A = output_functional(graph, C)
     result = backward_bound(graph, graph.output.name, A, box, default_lines(graph, intervals))
     result = torch.maximum(result, interval_bound(C, intervals[graph.output.name]))

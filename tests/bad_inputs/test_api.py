@@ -282,3 +282,41 @@ def test_a_graph_is_a_snapshot_of_the_module():
         net[0].weight.zero_()
     assert torch.equal(graph.forward(x), before)
     assert not torch.equal(verify.network_graph(net, (4,)).forward(x), before)
+
+
+def test_verify_leaves_a_training_mode_model_alone(tmp_path):
+    """`verify.verify` verifies the inference network without switching the caller's flags."""
+    from tests.bad_inputs.tiny import tiny_vnnlib
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 8), nn.Dropout(0.5), nn.ReLU(), nn.Linear(8, 2)).train()
+    spec = tiny_vnnlib(tmp_path / "prop.vnnlib")
+    with unchanged_module(net):
+        result = verify.verify(net, spec, timeout=10)
+    assert result.status == "unsat" and net.training
+
+
+def test_counterexamples_are_validated_on_the_module_as_it_is_now():
+    """No stale float64 twin: after a layer is replaced, validation uses the new function."""
+    from verify.attack import validate
+    from verify.vnnlib import Polytope, Region
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)).eval()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.eye(2))
+        net[0].bias.zero_()
+        net[2].weight.fill_(1.0)
+        net[2].bias.zero_()
+    # unsafe: y >= 1 on the box [0, 1]^2; at x = (1, 1), y = 2 (unsafe)
+    region = Region(lower=[0.0, 0.0], upper=[1.0, 1.0], unsafe=(Polytope(A=[[-1.0]], b=[-1.0]),))
+    x = torch.ones(1, 2)
+    assert validate(net, region, x) is not None
+    with torch.no_grad():
+        net[2].weight.fill_(0.1)  # now y = 0.2: safe
+    assert validate(net, region, x) is None
+    net[2] = nn.Linear(2, 1)
+    with torch.no_grad():
+        net[2].weight.fill_(2.0)
+        net[2].bias.zero_()
+    assert validate(net, region, x) is not None
