@@ -1,8 +1,10 @@
 """Tests of the VNN-LIB 1.0 reader `verify.vnnlib`.
 
-Exact values on handwritten strings, known content of ACAS Xu properties, every file of
-../shared/data/vnncomp2022, errors with file and line, and a semantic check against a small
-independent evaluator of the S-expression.
+Exact values on handwritten strings, the same properties with CRLF / CR / mixed line endings and
+comments, deep nesting, known content of ACAS Xu properties, every file of
+../shared/data/vnncomp2022, errors with file and line (for every line-ending convention), and a
+semantic check against a small independent evaluator of the S-expression. More bad input:
+tests/bad_inputs/test_vnnlib.py; property-based tests: tests/test_vnnlib_fuzz.py.
 """
 
 from __future__ import annotations
@@ -305,6 +307,76 @@ def test_gzip_by_suffix_and_by_magic(tmp_path: Path) -> None:
         load_vnnlib(tmp_path / "d.vnnlib.gz")
 
 
+# ------------------------------------------------------------- line endings, nesting, encoding
+
+
+def _assert_same(a: VnnlibProperty, b: VnnlibProperty) -> None:
+    assert (a.n_inputs, a.n_outputs, len(a.regions)) == (b.n_inputs, b.n_outputs, len(b.regions))
+    for ra, rb in zip(a.regions, b.regions):
+        np.testing.assert_array_equal(ra.lower, rb.lower)
+        np.testing.assert_array_equal(ra.upper, rb.upper)
+        assert len(ra.unsafe) == len(rb.unsafe)
+        for pa, pb in zip(ra.unsafe, rb.unsafe):
+            np.testing.assert_array_equal(pa.A, pb.A)
+            np.testing.assert_array_equal(pa.b, pb.b)
+            assert (pa.A_x is None) == (pb.A_x is None)
+            if pa.A_x is not None:
+                np.testing.assert_array_equal(pa.A_x, pb.A_x)
+
+
+def _commented(text: str) -> str:
+    """Each line followed by a comment that mentions more constraints (to be ignored)."""
+    return "; header (assert (<= Y_0 -100))\n" + text.replace("\n", " ; (<= Y_0 7) ;;\n")
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r", "mixed"])
+@pytest.mark.parametrize(
+    "text",
+    [BOX_AND_POLYTOPE, DISJUNCTION, INPUT_BOXES, MIXED, TERM_FORMS],
+    ids=["box", "disjunction", "input_boxes", "mixed", "term_forms"],
+)
+def test_line_endings_parse_to_the_same_spec(text: str, ending: str) -> None:
+    reference = parse_vnnlib(text)
+    _assert_same(parse_vnnlib(_commented(text)), reference)
+    if ending == "mixed":
+        breaks = itertools.cycle(["\r", "\n", "\r\n"])
+        converted = re.sub("\n", lambda _: next(breaks), _commented(text))
+    else:
+        converted = _commented(text).replace("\n", ending)
+    _assert_same(parse_vnnlib(converted), reference)
+
+
+def test_cr_only_file_keeps_the_constraints_after_comments() -> None:
+    """Regression: on a CR-only file the first `;` used to swallow the rest of the file."""
+    text = _decls(1, 1) + "; box\n(assert (>= X_0 0)) ; low\n(assert (<= X_0 1)) ; high\n"
+    text += "; unsafe iff Y_0 >= 5\n(assert (>= Y_0 5))\n"
+    (region,) = parse_vnnlib(text.replace("\n", "\r")).regions
+    np.testing.assert_array_equal([region.lower, region.upper], [[0.0], [1.0]])
+    (poly,) = region.unsafe
+    np.testing.assert_array_equal(poly.A, [[-1.0]])
+    np.testing.assert_array_equal(poly.b, [-5.0])
+
+
+def test_utf8_byte_order_mark_and_gzip_with_crlf(tmp_path: Path) -> None:
+    path = tmp_path / "bom.vnnlib.gz"
+    path.write_bytes(
+        gzip.compress(b"\xef\xbb\xbf" + BOX_AND_POLYTOPE.replace("\n", "\r\n").encode())
+    )
+    _assert_same(load_vnnlib(path), parse_vnnlib(BOX_AND_POLYTOPE))
+    assert load_vnnlib(str(path).encode()).path == str(path)  # a bytes path works too
+
+
+@pytest.mark.parametrize("depth", [3000, 30_000])
+def test_deep_nesting_parses_without_recursion(depth: int) -> None:
+    formula = "(and " * depth + "(or (<= Y_0 1) (<= Y_0 2))" + ")" * depth
+    term = "(- " * (2 * depth) + "Y_0" + ")" * (2 * depth)  # an even number of negations
+    ors = "(or " * depth + "(<= Y_0 3)" + ")" * depth
+    text = _decls(1, 1) + f"(assert (<= 0 X_0 1))\n(assert {formula})\n(assert (<= {term} 4))\n"
+    (region,) = parse_vnnlib(text + f"(assert {ors})\n").regions
+    assert [p.b.tolist() for p in region.unsafe] == [[4, 3, 1], [4, 3, 2]]  # common rows first
+    assert all(p.A.tolist() == [[1.0]] * 3 for p in region.unsafe)
+
+
 # ---------------------------------------------------------------------------------- bad input
 
 _D = _decls(1, 1)  # lines 1-2
@@ -346,6 +418,15 @@ def test_malformed_raises_with_path_and_line(name: str) -> None:
         parse_vnnlib(text, path=path)
     assert (info.value.path, info.value.line) == (path, line), str(info.value)
     assert str(info.value).startswith(f"{path}:{line}: ")
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r"], ids=["crlf", "cr"])
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_line_numbers_with_other_line_endings(name: str, ending: str) -> None:
+    text, line = MALFORMED[name]
+    with pytest.raises(SpecificationError) as info:
+        parse_vnnlib(text.replace("\n", ending), path="bad.vnnlib")
+    assert info.value.line == line, str(info.value)
 
 
 def test_malformed_file_on_disk_names_the_file(tmp_path: Path) -> None:
