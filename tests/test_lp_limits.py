@@ -28,9 +28,9 @@ def test_budget_holds_and_the_fallback_is_sound(method):
     net = _net()
     x = torch.rand(3, 20, dtype=D, generator=torch.Generator().manual_seed(0))
     start = time.monotonic()
-    result = verify.bounds(net, 0.3, x=x, method=method, budget=0.5)
+    result = verify.bounds(net, 0.3, x=x, method=method, budget=2.0)
     took = time.monotonic() - start
-    assert took < 0.5 * 1.05 + 1.0
+    assert took < 2.0 * 1.05 + 1.0
     assert result.stats["unsolved"] > 0  # the budget did cut the solves short
     points = box_samples(x - 0.3, x + 0.3, 2000)
     values = spec_values(net, points, torch.eye(10, dtype=D).expand(3, 10, 10))
