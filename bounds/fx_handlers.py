@@ -2,167 +2,111 @@
 
 The fx graph is interpreted on an example batch: every value is either a constant (folded
 eagerly: weights, normalisation constants, shapes) or an `Act`, an activation produced by one of
-our nodes. Each supported call on an activation appends one node spec
-`(name, op, input names, shape)`; anything else raises UnsupportedOperationError.
+our nodes (`bounds.fx_common`). Each supported call on an activation appends node specs
+`(name, op, input names, shape)`; anything else raises UnsupportedOperationError. This file
+maps activations, arithmetic and the affine layers; the shape and other linear operations
+(indexing, cat, permute, pad, reductions, matmul, transposed convolutions, where,
+interpolation, casts) are in `bounds.fx_shapes`. Finally, elementwise affine nodes (BatchNorm,
+scalings) are folded into the affine op before them (`bounds.ops.compose`).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from bounds.errors import InvalidNetworkError, UnsupportedOperationError
+from bounds import fx_shapes as shapes
+from bounds.errors import InvalidNetworkError
+from bounds.fx_common import (
+    INPUT,
+    Act,
+    Builder,
+    NodeSpec,
+    affine_const,
+    expand_to,
+    reshape_result,
+    unsupported,
+)
 from bounds.ops import (
     ActivationOp,
-    BoundOp,
     ConvOp,
-    ElementwiseAffineOp,
     LinearOp,
     ReshapeOp,
     SumOp,
     avg_pool_as_conv,
 )
+from bounds.ops.compose import fold_affine_chains
 from relaxations import get_relaxation
-
-INPUT = "input"
-NodeSpec = tuple[str, BoundOp | None, tuple[str, ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class Act:
-    """An activation: the output of our node `name`, with its example value `[batch, *shape]`."""
-
-    name: str
-    value: Tensor
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape[1:])
-
-
-class _Builder:
-    """Accumulates node specs while the fx graph is interpreted."""
-
-    def __init__(self, example: Tensor) -> None:
-        self.specs: list[NodeSpec] = [(INPUT, None, (), tuple(example.shape[1:]))]
-        self.dtype = example.dtype
-        self.batch = example.shape[0]
-
-    def add(self, name: str, op: BoundOp, inputs: list[Act]) -> Act:
-        value = op.forward(*(a.value for a in inputs))
-        self.specs.append((name, op, tuple(a.name for a in inputs), tuple(value.shape[1:])))
-        return Act(name, value)
-
-    def const(self, value: Any, node: str) -> Tensor:
-        """A constant operand as a tensor in the network's dtype: a copy, so the graph is a
-        snapshot that later in-place changes of the module's weights cannot alter."""
-        if isinstance(value, Tensor):
-            return value.detach().to(self.dtype, copy=True)
-        if isinstance(value, (int, float)):
-            return torch.tensor(float(value), dtype=self.dtype)
-        raise UnsupportedOperationError(type(value).__name__, node, "unexpected operand")
-
-
-def _unsupported(what: str, node: str, detail: str = "") -> UnsupportedOperationError:
-    return UnsupportedOperationError(what, node, detail)
-
 
 # --- activations -----------------------------------------------------------------------------
 
 
-def _relu(b: _Builder, node: str, x: Act, inplace: bool = False) -> Act:
+def _relu(b: Builder, node: str, x: Act, inplace: bool = False) -> Act:
     return b.add(node, ActivationOp(get_relaxation("relu"), x.shape), [x])
-
-
-def _reshape_result(b: _Builder, node: str, x: Act, out: Tensor) -> Act:
-    """A reshape whose example result is `out`; it must keep the batch dimension apart."""
-    if out.shape[0] != b.batch or out[0].numel() != x.value[0].numel():
-        raise _unsupported("reshape", node, f"mixes the batch dimension ({tuple(out.shape)})")
-    if tuple(out.shape[1:]) == x.shape:
-        return x
-    return b.add(node, ReshapeOp(x.shape, tuple(out.shape[1:])), [x])
 
 
 # --- elementwise arithmetic -------------------------------------------------------------------
 
 
-def _affine_const(b: _Builder, node: str, x: Act, scale: Any, shift: Any) -> Act:
-    """`x * scale + shift` with constant operands that must not change `x`'s shape."""
-    scale = None if scale is None else b.const(scale, node)
-    shift = None if shift is None else b.const(shift, node)
-    probe = x.value
-    for t in (scale, shift):
-        if t is not None:
-            probe = probe + t
-            if tuple(probe.shape) != tuple(x.value.shape):
-                raise _unsupported("broadcast", node, f"constant of shape {tuple(t.shape)}")
-    trim = [None if t is None else _drop_batch_dims(t, len(x.shape), node) for t in (scale, shift)]
-    return b.add(node, ElementwiseAffineOp(x.shape, *trim), [x])
-
-
-def _drop_batch_dims(t: Tensor, ndim: int, node: str) -> Tensor:
-    while t.dim() > ndim:
-        if t.shape[0] != 1:
-            raise _unsupported("broadcast", node, "constant depends on the batch index")
-        t = t[0]
-    return t
-
-
 def _arith(kind: str) -> Callable[..., Act]:
-    def handler(b: _Builder, node: str, lhs: Any, rhs: Any, **kwargs: Any) -> Act:
+    def handler(b: Builder, node: str, lhs: Any, rhs: Any, **kwargs: Any) -> Act:
         if kwargs.get("alpha", 1) != 1:
-            raise _unsupported(kind, node, "alpha != 1")
+            raise unsupported(kind, node, "alpha != 1")
         if isinstance(lhs, Act) and isinstance(rhs, Act):
             if kind not in ("add", "sub"):
-                raise _unsupported(kind, node, "product or quotient of two activations")
-            if lhs.shape != rhs.shape:
-                raise _unsupported(kind, node, f"broadcast of {lhs.shape} and {rhs.shape}")
-            return b.add(node, SumOp(lhs.shape, (1.0, 1.0 if kind == "add" else -1.0)), [lhs, rhs])
+                raise unsupported(kind, node, "product or quotient of two activations")
+            return _sum_of_acts(b, node, kind, lhs, rhs)
         if isinstance(lhs, Act):
             if kind == "add":
-                return _affine_const(b, node, lhs, None, rhs)
+                return affine_const(b, node, lhs, None, rhs)
             if kind == "sub":
-                return _affine_const(b, node, lhs, None, -b.const(rhs, node))
+                return affine_const(b, node, lhs, None, -b.const(rhs, node))
             if kind == "mul":
-                return _affine_const(b, node, lhs, rhs, None)
-            return _affine_const(b, node, lhs, 1.0 / b.const(rhs, node), None)
+                return affine_const(b, node, lhs, rhs, None)
+            return affine_const(b, node, lhs, 1.0 / b.const(rhs, node), None)
         if kind == "add":
-            return _affine_const(b, node, rhs, None, lhs)
+            return affine_const(b, node, rhs, None, lhs)
         if kind == "sub":
-            return _affine_const(b, node, rhs, -1.0, lhs)
+            return affine_const(b, node, rhs, -1.0, lhs)
         if kind == "mul":
-            return _affine_const(b, node, rhs, lhs, None)
-        raise _unsupported("div", node, "division by an activation")
+            return affine_const(b, node, rhs, lhs, None)
+        raise unsupported("div", node, "division by an activation")
 
     return handler
 
 
-def _neg(b: _Builder, node: str, x: Act) -> Act:
-    return _affine_const(b, node, x, -1.0, None)
+def _sum_of_acts(b: Builder, node: str, kind: str, lhs: Act, rhs: Act) -> Act:
+    """`lhs +- rhs`, both broadcast (per sample) to their common shape first."""
+    try:
+        out = torch.broadcast_shapes(lhs.value.shape, rhs.value.shape)
+    except RuntimeError as err:
+        raise unsupported(kind, node, f"broadcast of {lhs.shape} and {rhs.shape}") from err
+    if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():
+        raise unsupported(kind, node, f"broadcast of {lhs.shape} and {rhs.shape} over the batch")
+    target = tuple(out[1:])
+    lhs, rhs = (expand_to(b, f"{node}_{k}", a, target) for k, a in enumerate((lhs, rhs)))
+    return b.add(node, SumOp(target, (1.0, 1.0 if kind == "add" else -1.0)), [lhs, rhs])
+
+
+def _neg(b: Builder, node: str, x: Act) -> Act:
+    return affine_const(b, node, x, -1.0, None)
 
 
 # --- affine layers ------------------------------------------------------------------------------
 
 
-def _linear(b: _Builder, node: str, x: Act, weight: Any, bias: Any = None) -> Act:
+def _linear(b: Builder, node: str, x: Act, weight: Any, bias: Any = None) -> Act:
     if isinstance(weight, Act) or isinstance(bias, Act):
         raise InvalidNetworkError(f"node {node!r}: weight or bias depends on the input")
-    if len(x.shape) != 1:
-        raise _unsupported("linear", node, f"input of shape {x.shape}: flatten it first")
+    if len(x.shape) != 1:  # nn.Linear on the last axis of a larger per-sample tensor
+        return shapes.matmul_const(b, node, x, b.const(weight, node).T, True, bias)
     bias_t = None if bias is None else b.const(bias, node)
     return b.add(node, LinearOp(b.const(weight, node), bias_t), [x])
-
-
-def _matmul(b: _Builder, node: str, x: Any, w: Any) -> Act:
-    if not isinstance(x, Act) or isinstance(w, Act) or getattr(w, "dim", lambda: 0)() != 2:
-        raise _unsupported("matmul", node, "only activation @ constant matrix is supported")
-    return _linear(b, node, x, b.const(w, node).T)
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -170,7 +114,7 @@ def _pair(value: Any) -> tuple[int, int]:
 
 
 def _conv(
-    b: _Builder,
+    b: Builder,
     node: str,
     x: Act,
     weight: Any,
@@ -183,7 +127,7 @@ def _conv(
     if isinstance(weight, Act) or isinstance(bias, Act):
         raise InvalidNetworkError(f"node {node!r}: weight or bias depends on the input")
     if len(x.shape) != 3 or weight.dim() != 4:
-        raise _unsupported("conv2d", node, f"input of shape {x.shape}")
+        raise unsupported("conv2d", node, f"input of shape {x.shape}")
     weight = b.const(weight, node)
     kernel, dilation = tuple(weight.shape[2:]), _pair(dilation)
     if isinstance(padding, str):
@@ -192,14 +136,14 @@ def _conv(
         elif all(d * (k - 1) % 2 == 0 for d, k in zip(dilation, kernel)):
             padding = tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
         else:
-            raise _unsupported("conv2d", node, "asymmetric 'same' padding")
+            raise unsupported("conv2d", node, "asymmetric 'same' padding")
     bias_t = None if bias is None else b.const(bias, node)
     op = ConvOp(weight, bias_t, x.shape, _pair(stride), _pair(padding), dilation, groups)
     return b.add(node, op, [x])
 
 
 def _avg_pool(
-    b: _Builder,
+    b: Builder,
     node: str,
     x: Act,
     kernel_size: Any,
@@ -214,24 +158,24 @@ def _avg_pool(
     kernel, padding = _pair(kernel_size), _pair(padding)
     stride = kernel if stride is None or stride == [] else _pair(stride)
     if divisor_override is not None:
-        raise _unsupported("avg_pool2d", node, "divisor_override")
+        raise unsupported("avg_pool2d", node, "divisor_override")
     op = avg_pool_as_conv(x.shape, kernel, stride, padding, b.dtype)
     expected = F.avg_pool2d(x.value, kernel, stride, padding, ceil_mode, count_include_pad)
     if tuple(expected.shape[1:]) != op.out_shape:
-        raise _unsupported("avg_pool2d", node, "ceil_mode changes the output size")
+        raise unsupported("avg_pool2d", node, "ceil_mode changes the output size")
     pooled = b.add(node, op, [x])
     if count_include_pad or not any(padding):
         return pooled
     ones = torch.ones(1, *x.shape, dtype=b.dtype)
     share = F.avg_pool2d(ones, kernel, stride, padding, False, True)[0]
-    return _affine_const(b, node + "_border", pooled, 1.0 / share, None)
+    return affine_const(b, node + "_border", pooled, 1.0 / share, None)
 
 
-def _batch_norm(b: _Builder, node: str, x: Act, bn: nn.modules.batchnorm._BatchNorm) -> Act:
+def _batch_norm(b: Builder, node: str, x: Act, bn: nn.modules.batchnorm._BatchNorm) -> Act:
     if bn.training:
         raise InvalidNetworkError(f"BatchNorm {node!r} is in training mode: call net.eval() first")
     if bn.running_mean is None:
-        raise _unsupported(type(bn).__name__, node, "no running statistics")
+        raise unsupported(type(bn).__name__, node, "no running statistics")
     scale = torch.rsqrt(bn.running_var + bn.eps)
     if bn.weight is not None:
         scale = scale * bn.weight
@@ -239,10 +183,10 @@ def _batch_norm(b: _Builder, node: str, x: Act, bn: nn.modules.batchnorm._BatchN
     if bn.bias is not None:
         shift = shift + bn.bias
     trailing = (1,) * (len(x.shape) - 1)
-    return _affine_const(b, node, x, scale.reshape(-1, *trailing), shift.reshape(-1, *trailing))
+    return affine_const(b, node, x, scale.reshape(-1, *trailing), shift.reshape(-1, *trailing))
 
 
-def _dropout(b: _Builder, node: str, x: Act, *args: Any, training: bool = False, **kw: Any) -> Act:
+def _dropout(b: Builder, node: str, x: Act, *args: Any, training: bool = False, **kw: Any) -> Act:
     if training or (len(args) > 1 and args[1]):
         raise InvalidNetworkError(f"dropout {node!r} is in training mode: call net.eval() first")
     return x
@@ -251,13 +195,13 @@ def _dropout(b: _Builder, node: str, x: Act, *args: Any, training: bool = False,
 # --- dispatch -------------------------------------------------------------------------------
 
 
-def _call_module(b: _Builder, node: str, mod: nn.Module, args: list, kwargs: dict) -> Act:
+def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict) -> Act:
     x = args[0]
     if isinstance(mod, nn.Linear):
         return _linear(b, node, x, mod.weight, mod.bias)
     if isinstance(mod, nn.Conv2d):
         if mod.padding_mode != "zeros":
-            raise _unsupported("Conv2d", node, f"padding_mode={mod.padding_mode!r}")
+            raise unsupported("Conv2d", node, f"padding_mode={mod.padding_mode!r}")
         return _conv(b, node, x, mod.weight, mod.bias, mod.stride, mod.padding, mod.dilation,
                      mod.groups)  # fmt: skip
     if isinstance(mod, nn.ReLU):
@@ -268,12 +212,18 @@ def _call_module(b: _Builder, node: str, mod: nn.Module, args: list, kwargs: dic
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
     if isinstance(mod, (nn.Flatten, nn.Unflatten)):
-        return _reshape_result(b, node, x, mod(x.value))
+        return reshape_result(b, node, x, mod(x.value))
     if isinstance(mod, nn.Identity):
         return x
     if isinstance(mod, nn.Dropout):
         return _dropout(b, node, x, training=mod.training)
-    raise _unsupported(type(mod).__name__, node)
+    if isinstance(mod, nn.ConvTranspose2d):
+        return shapes.conv_transpose_module(b, node, x, mod)
+    if isinstance(mod, nn.Upsample):
+        return shapes.interpolate_module(b, node, x, mod)
+    if isinstance(mod, (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d)):
+        return shapes.pad_module(b, node, x, mod)
+    raise unsupported(type(mod).__name__, node)
 
 
 _RESHAPES = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze}
@@ -293,11 +243,29 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     operator.neg: _neg,
     torch.neg: _neg,
     F.linear: _linear,
-    torch.matmul: _matmul,
-    operator.matmul: _matmul,
+    torch.matmul: shapes.matmul,
+    operator.matmul: shapes.matmul,
     F.conv2d: _conv,
     F.avg_pool2d: _avg_pool,
     F.dropout: _dropout,
+    operator.getitem: shapes.getitem,
+    torch.index_select: shapes.index_select,
+    torch.cat: shapes.cat,
+    torch.concat: shapes.cat,
+    torch.concatenate: shapes.cat,
+    torch.stack: shapes.stack,
+    torch.split: shapes.split,
+    torch.chunk: shapes.chunk,
+    torch.permute: shapes.permute,
+    torch.transpose: shapes.transpose,
+    torch.swapaxes: shapes.transpose,
+    torch.broadcast_to: shapes.broadcast_to,
+    F.pad: shapes.pad,
+    torch.sum: shapes.reduce(mean=False),
+    torch.mean: shapes.reduce(mean=True),
+    F.conv_transpose2d: shapes.conv_transpose,
+    torch.where: shapes.where,
+    F.interpolate: shapes.interpolate,
 }
 
 _METHODS: dict[str, Callable[..., Act]] = {
@@ -307,7 +275,23 @@ _METHODS: dict[str, Callable[..., Act]] = {
     "mul": _arith("mul"),
     "div": _arith("div"),
     "neg": _neg,
-    "matmul": _matmul,
+    "matmul": shapes.matmul,
+    "index_select": shapes.index_select,
+    "split": shapes.split,
+    "chunk": shapes.chunk,
+    "permute": shapes.permute,
+    "transpose": shapes.transpose,
+    "swapaxes": shapes.transpose,
+    "expand": shapes.expand,
+    "expand_as": shapes.expand,
+    "sum": shapes.reduce(mean=False),
+    "mean": shapes.reduce(mean=True),
+    "float": shapes.cast_to(torch.float32),
+    "double": shapes.cast_to(torch.float64),
+    "to": shapes.cast,
+    "type": shapes.cast,
+    "clone": shapes.identity,
+    "detach": shapes.identity,
 }
 
 
@@ -316,7 +300,7 @@ def _describe(node: fx.Node) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def _call(b: _Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dict) -> Any:
+def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dict) -> Any:
     """Evaluate one call node: fold constants, else map it to a BoundOp."""
     flat: list[Any] = []
     fx.node.map_aggregate((args, kwargs), flat.append)
@@ -331,19 +315,23 @@ def _call(b: _Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: di
             return getattr(args[0].value, node.target)(*args[1:], **kwargs)
         if node.target in _RESHAPE_METHODS and isinstance(args[0], Act):
             out = getattr(args[0].value, node.target)(*args[1:], **kwargs)
-            return _reshape_result(b, node.name, args[0], out)
+            return reshape_result(b, node.name, args[0], out)
         handler = _METHODS.get(node.target)
     else:
         if not has_act:
             return node.target(*args, **kwargs)
-        if node.target is getattr and isinstance(args[0], Act) and args[1] in ("shape", "dtype"):
+        if (
+            node.target is getattr
+            and isinstance(args[0], Act)
+            and args[1] in ("shape", "dtype", "ndim", "device")
+        ):
             return getattr(args[0].value, args[1])
         if node.target in _RESHAPES:
             out = node.target(args[0].value, *args[1:], **kwargs)
-            return _reshape_result(b, node.name, args[0], out)
+            return reshape_result(b, node.name, args[0], out)
         handler = _FUNCTIONS.get(node.target)
     if handler is None:
-        raise _unsupported(_describe(node), node.name)
+        raise unsupported(_describe(node), node.name)
     return handler(b, node.name, *args, **kwargs)
 
 
@@ -369,13 +357,13 @@ def _prune(specs: list[NodeSpec], output: str) -> list[NodeSpec]:
 
 def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
     """Node specs of `gm` evaluated on `example` (`[batch, *input_shape]`)."""
-    b = _Builder(example)
+    b = Builder(example)
     env: dict[fx.Node, Any] = {}
     result: Any = None
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             if any(isinstance(v, Act) for v in env.values()):
-                raise _unsupported("second input", node.name, "networks must have one input")
+                raise unsupported("second input", node.name, "networks must have one input")
             env[node] = Act(INPUT, example)
         elif node.op == "get_attr":
             env[node] = _fetch(gm, node.target)
@@ -386,7 +374,7 @@ def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
             kwargs = dict(fx.node.map_arg(node.kwargs, env.__getitem__))
             env[node] = _call(b, gm, node, args, kwargs)
     if not isinstance(result, Act):
-        raise _unsupported("output", "output", "the network must return a single tensor")
+        raise unsupported("output", "output", "the network must return a single tensor")
     if result.name == INPUT:
         result = b.add("output_identity", ReshapeOp(result.shape, result.shape), [result])
-    return _prune(b.specs, result.name)
+    return fold_affine_chains(_prune(b.specs, result.name))

@@ -106,7 +106,8 @@ def _relu_constraints(cp, node, var, pre_var, pre: Interval, b: int, integer: bo
     lo, up = _np(lower), _np(upper)
     z = cp.Variable(lo.size, boolean=True)
     rows += [var <= cp.multiply(np.maximum(up, 0), z), var <= pre_var - cp.multiply(lo, 1 - z)]
-    rows += [z >= (lo >= 0).astype(float), z <= (up > 0).astype(float)]
+    # lo >= 0 forces z = 1 (also when lo = up = 0, where up > 0 alone would contradict it)
+    rows += [z >= (lo >= 0).astype(float), z <= ((up > 0) | (lo >= 0)).astype(float)]
     return rows
 
 

@@ -42,3 +42,19 @@ def test_without_a_budget_every_solve_finishes():
     net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)).double()
     result = verify.bounds(net, 0.2, x=torch.zeros(1, 3, dtype=D), method="lp")
     assert result.stats["unsolved"] == 0 and result.stats["solves"] == 4
+
+
+def test_milp_with_a_pre_activation_fixed_at_zero():
+    """A neuron whose pre-activation interval is exactly [0, 0] (zero weights and bias) made the
+    big-M encoding infeasible (z >= 1 from lo >= 0, z <= 0 from up > 0 false)."""
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)).double()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
+        net[0].bias.zero_()
+        net[2].weight.fill_(1.0)
+        net[2].bias.zero_()
+    x = torch.zeros(1, 2, dtype=D)
+    result = verify.bounds(net, 0.5, x=x, method="milp", intermediate="ibp")
+    # y = relu(x0 - x1) on [-0.5, 0.5]^2: from 0 to 1
+    torch.testing.assert_close(result.lower, torch.zeros(1, 1, dtype=D), atol=1e-5, rtol=0)
+    torch.testing.assert_close(result.upper, torch.ones(1, 1, dtype=D), atol=1e-5, rtol=0)

@@ -44,10 +44,15 @@ def network_graph(net: nn.Module | Graph, input_shape: tuple[int, ...]) -> Graph
 
 
 def _dtype(net: nn.Module | Graph) -> torch.dtype:
-    tensors = list(net.parameters()) if isinstance(net, nn.Module) else []
-    if not tensors and isinstance(net, Graph):
+    """The dtype of the network's first floating-point parameter or buffer (or constant)."""
+    if isinstance(net, nn.Module):
+        tensors = [*net.parameters(), *net.buffers()]
+    elif isinstance(net, Graph):
         tensors = [t for n in net.nodes[1:] for t in n.op.constants()]
-    return tensors[0].dtype if tensors else torch.get_default_dtype()
+    else:  # not a network: `network_graph` raises the clear error
+        tensors = []
+    floats = [t for t in tensors if t.is_floating_point()]
+    return floats[0].dtype if floats else torch.get_default_dtype()
 
 
 def _budget(budget: Budget | int | float | None) -> Budget | None:

@@ -4,7 +4,10 @@ Only the `onnx` package is used (no onnx2torch, no onnxruntime). The graph is tr
 node into a small, fixed vocabulary (see `verify.onnx_ops`) that the bound-propagation graph
 builder consumes; sub-graphs that depend only on constants are folded in numpy at load time
 (`verify.onnx_fold`). The returned module is batch-first: it accepts any batch size even though
-VNN-COMP files fix the batch to 1. Example::
+VNN-COMP files fix the batch to 1 or declare none. An input declared `[1, *S]` (or with a
+symbolic first dimension) has per-sample shape `S`; any other input shape (`[1]`, `[5]`,
+`[12, 8]`) is one sample as a whole. Several graph outputs are flattened and concatenated in
+their declared order (VNN-LIB's `Y_j` index them so). Example::
 
     net = load_onnx("acasxu/onnx/ACASXU_run2a_1_1_batch_2000.onnx.gz")
     net.input_shape, net.output_shape   # (1, 1, 5), (5,)  -- without the batch dimension
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import os
 import zlib
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import fx
 
 try:
@@ -47,15 +52,13 @@ from bounds.errors import (
     VerificationInputError,
 )
 from verify.errors import SpecificationError
-from verify.onnx_fold import (
-    FOLDERS,
-    MAX_ELEMENTS,
-    fold,
-    node_label,
-    nonfinite_where,
-    unsupported,
-)
-from verify.onnx_ops import HANDLERS, GraphBuilder, Traced
+from verify.onnx_builder import GraphBuilder, Traced
+from verify.onnx_checks import MAX_ELEMENTS, node_label, nonfinite_where, unsupported
+from verify.onnx_fold import FOLDERS, fold
+from verify.onnx_ops import HANDLERS as AFFINE_HANDLERS
+from verify.onnx_shapes import HANDLERS as SHAPE_HANDLERS
+
+HANDLERS = {**AFFINE_HANDLERS, **SHAPE_HANDLERS}
 
 # The largest (decompressed) model file read: protobuf messages cannot exceed 2 GiB.
 MAX_MODEL_BYTES = 2**31 - 1
@@ -153,11 +156,11 @@ def _read_model(path: str) -> onnx.ModelProto:
     return model
 
 
-def _check_graph(model: onnx.ModelProto, path: str) -> tuple[str, tuple[int, ...]]:
-    """Structure, network input and the ONNX checker, before any tensor is built; returns the
-    network input's name and (batch-1) shape."""
+def _check_graph(model: onnx.ModelProto, path: str) -> list[tuple[str, tuple[int, ...], bool]]:
+    """Structure, network inputs and the ONNX checker, before any tensor is built; returns each
+    network input's name, its (batch-1) ONNX shape and whether axis 0 is the batch."""
     _check_structure(model.graph, path)
-    network_input = _network_input(model.graph, {t.name for t in model.graph.initializer}, path)
+    network_input = _network_inputs(model.graph, {t.name for t in model.graph.initializer}, path)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as err:
@@ -205,11 +208,10 @@ def _describe(node: onnx.NodeProto) -> str:
 
 
 def _check_structure(graph: onnx.GraphProto, path: str) -> None:
-    """One output; every node input is defined once; no cycle. Sorts the nodes topologically
-    (in place) when they are listed out of order."""
-    if len(graph.output) != 1:
-        names = [o.name for o in graph.output]
-        raise SpecificationError(f"expected one graph output, found {len(names)}: {names}", path)
+    """At least one output; every node input is defined once; no cycle. Sorts the nodes
+    topologically (in place) when they are listed out of order."""
+    if not graph.output:
+        raise SpecificationError("expected at least one graph output, found 0", path)
     given = {t.name for t in graph.initializer} | {i.name for i in graph.input}
     producer: dict[str, onnx.NodeProto] = {}
     for node in graph.node:
@@ -227,9 +229,9 @@ def _check_structure(graph: onnx.GraphProto, path: str) -> None:
                     f"{path}: {_describe(node)} reads {name!r}, which no node, initializer or "
                     "graph input defines"
                 )
-    output = graph.output[0].name
-    if output not in given and output not in producer:
-        raise SpecificationError(f"the graph output {output!r} is defined by no node", path)
+    for output in (o.name for o in graph.output):
+        if output not in given and output not in producer:
+            raise SpecificationError(f"the graph output {output!r} is defined by no node", path)
     order = _topological_order(list(graph.node), producer, path)
     if [id(n) for n in order] != [id(n) for n in graph.node]:
         copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
@@ -303,16 +305,28 @@ def _initializers(graph: onnx.GraphProto, path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _network_input(graph: onnx.GraphProto, constants: dict, path: str) -> tuple[str, tuple]:
-    """The one graph input that is not an initializer (old files list initializers as inputs),
-    and its shape including the batch dimension (fixed to 1)."""
+def _network_inputs(graph: onnx.GraphProto, constants: dict, path: str) -> list[tuple]:
+    """The graph inputs that are not initializers (old files list initializers as inputs), each
+    as `_network_input` describes it; several are concatenated flat, in order, by `_convert`."""
     inputs = [i for i in graph.input if i.name not in constants]
     if not inputs:
         raise SpecificationError("the graph declares no input (besides initializers)", path)
-    if len(inputs) != 1:
-        names = [i.name for i in inputs]
-        raise SpecificationError(f"expected one network input, found {len(inputs)}: {names}", path)
-    name, value_type = inputs[0].name, inputs[0].type
+    found = [_network_input(i, path) for i in inputs]
+    total = sum(math.prod(shape) for _, shape, _ in found)
+    if total > MAX_ELEMENTS:
+        raise SpecificationError(
+            f"the {len(found)} inputs have {total} elements, more than the {MAX_ELEMENTS} "
+            "accepted (MAX_ELEMENTS)",
+            path,
+        )
+    return found
+
+
+def _network_input(value: onnx.ValueInfoProto, path: str) -> tuple[str, tuple, bool]:
+    """A graph input's name, its ONNX shape (a symbolic batch fixed to 1) and whether its axis 0
+    is the batch: declared `[1 or symbolic, ...]` of rank >= 2. Other shapes are one sample as
+    a whole."""
+    name, value_type = value.name, value.type
     tensor_type = value_type.tensor_type
     if not value_type.HasField("tensor_type") or tensor_type.elem_type not in _FLOAT_INPUTS:
         kind = value_type.WhichOneof("value") or "untyped value"
@@ -322,25 +336,26 @@ def _network_input(graph: onnx.GraphProto, constants: dict, path: str) -> tuple[
     if not tensor_type.HasField("shape"):
         raise SpecificationError(f"input {name!r} declares no shape", path=path)
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-    if len(dims) < 2:
-        raise SpecificationError(f"input {name!r} of shape {dims} has no batch dimension", path)
-    if dims[0] not in (None, 0, 1):
-        raise SpecificationError(f"input {name!r} shape {dims} (need batch 1 or symbolic)", path)
-    for axis, d in enumerate(dims[1:], start=1):
+    if not dims:
+        raise SpecificationError(f"input {name!r} is a scalar (shape []): not supported", path)
+    batched = len(dims) >= 2 and dims[0] in (None, 0, 1)
+    if dims[0] is None and len(dims) == 1:  # a symbolic batch of scalars: one value
+        dims = [1]
+    for axis, d in enumerate(dims[1:] if batched else dims, start=int(batched)):
         if d is None or d <= 0:
             what = "symbolic" if d is None else f"{d}"
             raise SpecificationError(
                 f"input {name!r} shape {dims}: dimension {axis} is {what}, needs a positive size",
                 path,
             )
-    size = math.prod(dims[1:])
+    size = math.prod(dims[1:] if batched else dims)
     if size > MAX_ELEMENTS:
         raise SpecificationError(
             f"input {name!r} shape {dims} has {size} elements, more than the {MAX_ELEMENTS} "
             "accepted (MAX_ELEMENTS)",
             path,
         )
-    return name, (1, *dims[1:])
+    return name, ((1, *dims[1:]) if batched else tuple(dims)), batched
 
 
 # ----------------------------------------------------------------------------- translation
@@ -362,20 +377,23 @@ def _convert_node(b: GraphBuilder, node: onnx.NodeProto, path: str) -> None:
         inputs = [_shape_stub(v) if isinstance(v, Traced) else v for v in inputs]
         foldable = True
     if foldable:
-        result = _fold(node, inputs, path)
+        results = [_fold(node, inputs, path)]
     elif node.op_type in HANDLERS:
-        result = _translate(b, node, inputs, path)
+        results = _translate(b, node, inputs, path)
     else:
         raise unsupported(node, "no translation for this operation")
-    b.env[node.output[0]] = result
-    for extra in node.output[1:]:
-        if extra and b.uses.get(extra, 0):
+    b.env[node.output[0]] = results[0]
+    for k, extra in enumerate(node.output[1:], start=1):
+        if k < len(results):
+            b.env[extra] = results[k]
+        elif extra and b.uses.get(extra, 0):
             raise unsupported(node, f"its extra output {extra!r} is used")
 
 
-def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -> Traced:
-    """The handler's result; malformed nodes (bad attributes, impossible shapes) raise typed
-    errors naming the node and the file, also when torch or numpy would fail first."""
+def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -> list[Traced]:
+    """The handler's results (one per output it computes); malformed nodes (bad attributes,
+    impossible shapes) raise typed errors naming the node and the file, also when torch or
+    numpy would fail first."""
     try:
         result = HANDLERS[node.op_type](b, node, inputs)
     except UnsupportedOperationError:
@@ -386,14 +404,16 @@ def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -
         raise
     except (ValueError, TypeError, IndexError, KeyError, RuntimeError, ArithmeticError) as err:
         raise InvalidNetworkError(f"{path}: malformed {_describe(node)}: {err}") from err
-    if all(result is not v for v in inputs):
-        b.elements += result.example.numel()
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        if all(r is not v for v in inputs):
+            b.elements += r.example.numel()
     if b.elements > MAX_TOTAL_ELEMENTS:
         raise InvalidNetworkError(
             f"{path}: at {_describe(node)} the network's activations exceed "
             f"{MAX_TOTAL_ELEMENTS} elements (MAX_TOTAL_ELEMENTS)"
         )
-    return result
+    return results
 
 
 def _shape_stub(x: Traced) -> np.ndarray:
@@ -420,22 +440,57 @@ def _fold(node: onnx.NodeProto, inputs: list, path: str) -> np.ndarray:
 def _convert(model: onnx.ModelProto, network_input: tuple, path: str) -> fx.GraphModule:
     graph = model.graph
     constants = _initializers(graph, path)
-    input_name, input_shape = network_input
     b = GraphBuilder(_use_counts(graph))
+    b.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
     b.env.update(constants)
-    b.env[input_name] = b.placeholder(input_name, input_shape)
+    if len(network_input) == 1:
+        input_name, input_shape, batched = network_input[0]
+        b.env[input_name] = b.placeholder(input_name, input_shape, batched)
+    else:
+        _split_inputs(b, network_input)
     for node in graph.node:
         _convert_node(b, node, path)
-    out = b.env[graph.output[0].name]
-    if not isinstance(out, Traced):
-        raise SpecificationError("the graph output does not depend on the input", path=path)
+    out = _output(b, [b.env[o.name] for o in graph.output], path)
     b.graph.output(out.node)
     module = fx.GraphModule(b.root, b.graph, class_name="OnnxNetwork")
     module.graph.lint()
     module.eval().requires_grad_(False)
-    module.input_shape = tuple(input_shape[1:])
-    module.output_shape = tuple(out.shape[1:])
+    module.input_shape = tuple(b.input.example.shape[1:])
+    module.output_shape = tuple(out.example.shape[1:])
     return module
+
+
+def _split_inputs(b: GraphBuilder, inputs: list[tuple]) -> None:
+    """Several inputs: one flat placeholder `[N, total]`, each input a slice of it reshaped to
+    its declared shape (VNN-LIB's `X_i` index the inputs flattened, in declaration order)."""
+    total = sum(math.prod(shape) for _, shape, _ in inputs)
+    flat = b.placeholder("inputs", (total,), batched=False)
+    start = 0
+    for name, shape, _ in inputs:
+        size = math.prod(shape)
+        part = b.function(operator.getitem, flat, (slice(None), slice(start, start + size)),
+                          batched=False)  # fmt: skip
+        stub = onnx.helper.make_node("Identity", [name], [name], name=name)
+        b.env[name] = b.reshape(part, shape, stub)
+        start += size
+
+
+def _output(b: GraphBuilder, values: list, path: str) -> Traced:
+    """The one output, or several flattened and concatenated in their declared order (a
+    constant output becomes a constant block)."""
+    if not any(isinstance(v, Traced) for v in values):
+        what = "the graph output does not" if len(values) == 1 else "no graph output"
+        raise SpecificationError(f"{what} depend on the input", path=path)
+    if len(values) == 1:
+        return values[0]
+    blocks = []
+    for k, v in enumerate(values):
+        if isinstance(v, Traced):
+            blocks.append(b.function(torch.reshape, v, (-1, v.example[0].numel()), batched=False))
+        else:
+            flat = np.asarray(v, dtype=np.float32).reshape(-1)
+            blocks.append(b.batch_constant(f"output_{k}", flat))
+    return b.function(torch.cat, blocks, 1, batched=False)
 
 
 __all__ = ["MAX_ELEMENTS", "MAX_MODEL_BYTES", "MAX_TOTAL_ELEMENTS", "load_onnx"]

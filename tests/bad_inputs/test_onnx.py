@@ -105,16 +105,6 @@ def _external(tmp: Path, data: bytes | None, location: str = "weights.bin") -> P
     return tmp / "net.onnx"
 
 
-def _several_inputs() -> onnx.ModelProto:
-    xs = [helper.make_tensor_value_info(n, F32, [1, 4]) for n in ("x", "x2")]
-    return model([node("Add", "x,x2", "y", "add")], inputs=xs)
-
-
-def _two_outputs() -> onnx.ModelProto:
-    ys = [helper.make_tensor_value_info(n, F32, ["d"]) for n in ("y", "y2")]
-    return model([node("Relu", "x", "y", "r1"), node("Relu", "x", "y2", "r2")], outputs=ys)
-
-
 def _nan_at(shape: tuple, index: tuple, value: float = np.nan, dtype=np.float32) -> np.ndarray:
     array = np.ones(shape, dtype)
     array[index] = value
@@ -178,9 +168,7 @@ FILE_CASES = [
         ["tensor 'W'", "'../weights.bin'", "not inside"],
     ),
     ("no_graph_input", saves(lambda: model([node("Relu", "W", "y", "r")], [ones("W", 2)], inputs=[])), ["no input"]),
-    ("several_inputs", saves(_several_inputs), ["one network input", "'x2'"]),
     ("no_graph_output", saves(lambda: model([node("Relu", "x", "y", "r")], outputs=[])), ["found 0"]),
-    ("two_graph_outputs", saves(_two_outputs), ["found 2", "'y2'"]),
     (
         "output_never_produced",
         saves(lambda: model([node("Relu", "x", "z", "r")])),
@@ -195,8 +183,6 @@ FILE_CASES = [
     ("zero_dim_input", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=[1, 0, 4])), ["'x'", "dimension 1 is 0"]),
     ("negative_dim_input", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=[1, 4, -3])), ["'x'", "dimension 2 is -3"]),
     ("symbolic_feature_dim", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=[1, "H"])), ["'x'", "symbolic"]),
-    ("batch_of_two", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=[2, 4])), ["'x'", "batch"]),
-    ("rank1_input", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=[4])), ["'x'", "no batch dimension"]),
     ("input_without_shape", saves(lambda: model([node("Relu", "x", "y", "r")], in_shape=None)), ["'x'", "no shape"]),
     ("int_input", saves(lambda: model([node("Relu", "x", "y", "r")], in_type=TensorProto.INT64)), ["'x'", "INT64", "not a float"]),
     ("wrong_attribute_type", saves(lambda: model([node("Gemm", "x,W", "y", "fc9", alpha="big")], [ones("W", 3, 4)])), ["invalid ONNX model", "fc9", "alpha"]),
