@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
 from bounds.ops import ActivationOp, SumOp, UnaryAffineOp
 from bounds.types import Interval
@@ -131,7 +132,9 @@ def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, 
                 cp, sp, node, var, [variables[i] for i in node.inputs]
             )
         else:
-            raise TypeError(f"the LP does not support {type(node.op).__name__} at {node.name!r}")
+            raise UnsupportedOperationError(
+                type(node.op).__name__, node.name, "the LP/MILP does not encode this operation yet"
+            )
     return variables, constraints
 
 

@@ -320,3 +320,19 @@ def test_counterexamples_are_validated_on_the_module_as_it_is_now():
         net[2].weight.fill_(2.0)
         net[2].bias.zero_()
     assert validate(net, region, x) is not None
+
+
+class _Concat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(2, 3), nn.Linear(2, 3), nn.Linear(6, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(torch.cat([self.a(x), self.b(x)], 1)))
+
+
+@pytest.mark.parametrize(("method", "where"), [("lp", "'cat'"), ("prox", "non-chain")])
+def test_methods_that_need_a_chain_name_the_node(method, where):
+    net = _Concat().double()
+    with raises_where(verify.UnsupportedOperationError, where):
+        verify.bounds(net, 0.1, x=torch.zeros(1, 2, dtype=D), method=method)
