@@ -22,6 +22,8 @@ setup(
         "lp": ["cvxpy>=1.5", "highspy>=1.7", "clarabel>=0.7"],
         "examples": ["scikit-learn>=1.3"],
         "crf": ["pillow>=10"],
+        # VNN-LIB 2.0 files (verify/vnnlib2.py); 1.0 files need nothing extra.
+        "vnnlib2": ["vnnlib>=1.0.2"],
         "bench": [
             "matplotlib>=3.7",
             "scikit-learn>=1.3",
@@ -46,6 +48,7 @@ setup(
             "pillow>=10",
             # The Triton kernels' tests run under its CPU interpreter (TRITON_INTERPRET=1).
             "triton>=3.5; platform_system == 'Linux'",
+            "vnnlib>=1.0.2",
         ],
     },
     entry_points={"console_scripts": ["verify=verify.__main__:main"]},

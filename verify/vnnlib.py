@@ -83,6 +83,12 @@ _HEADS = {
     "term": _ARITHMETIC,
 }
 _GZIP_MAGIC = b"\x1f\x8b"
+_V2_FORM = re.compile(r"\(\s*(vnnlib-version|declare-network)\b")
+
+
+def _is_vnnlib2(text: str) -> bool:
+    """Whether the text has a VNN-LIB 2.0 form (outside comments); see verify.vnnlib2."""
+    return any(_V2_FORM.search(line.split(";", 1)[0]) for line in text.splitlines())
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -215,7 +221,12 @@ def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
     raw = _read_file(name)
     if raw[:2] == _GZIP_MAGIC or name.endswith(".gz"):
         raw = _gunzip(raw, name)
-    return parse_vnnlib(_decode(raw, name), path=name)
+    text = _decode(raw, name)
+    if _is_vnnlib2(text):
+        from verify.vnnlib2 import parse_vnnlib2  # lazy: verify.vnnlib2 imports this module
+
+        return parse_vnnlib2(text, path=name)
+    return parse_vnnlib(text, path=name)
 
 
 def _read_file(name: str) -> bytes:

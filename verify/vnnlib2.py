@@ -1,0 +1,348 @@
+"""Reader for VNN-LIB 2.0 property files, built on the PyPI package ``vnnlib`` (>= 1.0.2).
+
+VNN-LIB 2.0 declares the network and its tensors (``(vnnlib-version <2.0>)``,
+``(declare-network N (declare-input X float32 [2,3]) (declare-output Y float32 [5]))``) and names
+tensor elements by index (``X[0,1]``). The package parses and type-checks the file; this module
+translates its syntax tree to the same :class:`verify.vnnlib.VnnlibProperty` as the 1.0 reader:
+the input ``x`` and output ``y`` are the declared tensors flattened in row-major order (``X[i,j]``
+of shape ``[m, n]`` is ``x[i * n + j]``), the formula is brought to DNF with the 1.0 reader's
+code (same :data:`verify.vnnlib.MAX_TERMS` guard, same order of rows, strict comparisons read as
+non-strict, ``==`` as two inequalities), single-input bounds give the boxes and the other linear
+constraints the polytopes, and terms with the same box are grouped into one region.
+
+Supported: exactly one ``declare-network`` with exactly one input and one output tensor of a
+floating-point type (read as reals), no hidden tensors, no ``equal-to`` / ``isometric-to``;
+assertions over ``and``, ``or``, ``<=``, ``>=``, ``<``, ``>``, ``==`` and linear terms (the
+package's ``+``, ``-``, ``*`` by constants). Anything else (several networks, several inputs or
+outputs, hidden tensors, integer tensors, ``!=``, products of variables, nesting deeper than
+:data:`MAX_DEPTH`) raises :class:`verify.errors.SpecificationError` with "not supported". Every
+error is a ``SpecificationError`` with the path and, where one is known, the line: the package's
+own errors keep its message and line; a constraint's line is that of its first number or
+variable. Files are read as by the 1.0 reader (gzip, size limit, UTF-8, byte-order mark); line
+breaks ``\\r\\n`` and ``\\r`` are turned into ``\\n`` first, so lines count as in the 1.0 reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+from verify.errors import SpecificationError
+from verify.vnnlib import (
+    _GZIP_MAGIC,
+    MAX_ENTRIES,
+    Region,
+    VnnlibProperty,
+    _Constraint,
+    _Context,
+    _decode,
+    _disjoin,
+    _flatten,
+    _gunzip,
+    _is_bound,
+    _line_count,
+    _polytope,
+    _read_file,
+)
+from verify.vnnlib import _conjoin as _conjoin_dnf
+
+try:  # optional dependency: `load_vnnlib2` says so when it is missing
+    import vnnlib as _pkg
+except ImportError:  # pragma: no cover - exercised only without the package
+    _pkg = None
+
+MAX_DEPTH = 1000
+"""Deepest nesting of parentheses passed to the package (its C++ parser recurses: a file nested
+100 000 deep crashes the interpreter)."""
+
+_LINE_BREAK = re.compile(r"\r\n|\r")
+_V2_FORM = re.compile(r"\(\s*(vnnlib-version|declare-network)\b")
+_LINE_IN_TEXT = re.compile(r"\bline (\d+)")
+_FLOAT_TYPES = ("F16", "F32", "F64", "BF16", "F8E4M3FN", "F8E5M2", "F8E4M3FNUZ", "F8E5M2FNUZ")
+_FLOAT_TYPES += ("F4E2M1",)
+_COMPARISONS = {
+    "LessEqual": ("<=",),
+    "LessThan": ("<=",),
+    "GreaterEqual": (">=",),
+    "GreaterThan": (">=",),
+    "Equal": ("<=", ">="),
+}
+
+
+def is_vnnlib2(text: str) -> bool:
+    """Whether VNN-LIB text is 2.0: it has a ``(vnnlib-version`` or ``(declare-network`` form
+    outside comments (neither is valid 1.0). Cheap: stops at the first one found."""
+    return any(_V2_FORM.search(line.split(";", 1)[0]) for line in text.splitlines())
+
+
+def load_vnnlib2(path: str | os.PathLike) -> VnnlibProperty:
+    """Read a VNN-LIB 2.0 file (gzip-compressed or not) as a :class:`VnnlibProperty`."""
+    try:
+        name = os.fsdecode(path)
+    except TypeError as exc:
+        raise SpecificationError(f"expected a file path, got {type(path).__name__}") from exc
+    raw = _read_file(name)
+    if raw[:2] == _GZIP_MAGIC or name.endswith(".gz"):
+        raw = _gunzip(raw, name)
+    return parse_vnnlib2(_decode(raw, name), path=name)
+
+
+def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
+    """Parse VNN-LIB 2.0 text; ``path`` is only used in error messages and the result."""
+    if not isinstance(text, str):
+        raise SpecificationError(f"expected text (str), got {type(text).__name__}", path=path)
+    if _pkg is None:
+        raise SpecificationError("reading VNN-LIB 2.0 needs the package vnnlib>=1.0.2", path=path)
+    text = _LINE_BREAK.sub("\n", text.removeprefix("\ufeff"))
+    if not text.strip():
+        raise SpecificationError("empty specification", path=path)
+    ctx, last_line = _Context(path), _line_count(text)
+    if "\x00" in text:  # the C++ parser would silently stop there (dropping what follows)
+        raise ctx.error("NUL character in the text", text.count("\n", 0, text.index("\x00")) + 1)
+    _check_depth(ctx, text)
+    query = _parse(ctx, text)
+    network = _single_network(ctx, query, last_line)
+    x_def, y_def = network.inputs[0], network.outputs[0]
+    sizes = (_size(x_def.shape), _size(y_def.shape))
+    if sizes[0] * sizes[1] > MAX_ENTRIES or sizes[0] + sizes[1] > MAX_ENTRIES:
+        raise ctx.error(f"tensors too large (> {MAX_ENTRIES} entries)", last_line)
+    tensors = {(x_def.name, "Input"): ("X", x_def), (y_def.name, "Output"): ("Y", y_def)}
+    dnfs = [_formula(ctx, tensors, a.expr) for a in query.assertions]
+    if not dnfs:
+        raise ctx.error("no assertion (the unsafe set is missing)", last_line)
+    common = _flatten(ctx, [tuple(dnf[0] for dnf in dnfs if len(dnf) == 1)], last_line)[0]
+    terms = _conjoin_dnf(ctx, [dnf for dnf in dnfs if len(dnf) > 1], last_line)
+    terms = _flatten(ctx, terms, last_line)
+    if not any(v[0] == "Y" for term in [common, *terms] for con in term for v in con.coefs):
+        raise ctx.error(f"no constraint on the output {y_def.name} (unsafe set missing)", last_line)
+    names = (x_def, y_def)
+    regions = _group_regions(ctx, common, terms, sizes, names, last_line)
+    return VnnlibProperty(path, sizes[0], sizes[1], regions)
+
+
+def _check_depth(ctx: _Context, text: str) -> None:
+    """Parentheses (outside comments) nest at most :data:`MAX_DEPTH` deep."""
+    depth = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        code = line.split(";", 1)[0]
+        if "(" not in code:
+            continue
+        for char in code:
+            if char == "(":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    msg = f"not supported: parentheses nested deeper than {MAX_DEPTH}"
+                    raise ctx.error(msg, number)
+            elif char == ")":
+                depth -= 1
+
+
+def _parse(ctx: _Context, text: str):
+    """The package's syntax tree; its errors become ``SpecificationError`` (message and line)."""
+    try:
+        return _pkg.parse_query_string(text)
+    except _pkg.VNNLibException as exc:
+        raise _package_error(ctx, str(exc)) from exc
+    except Exception as exc:  # a binding may raise anything; never leak it
+        hint = " (a number outside the float64 range?)" if "sto" in str(exc) else ""
+        msg = f"VNN-LIB 2.0 parser failed ({type(exc).__name__}: {exc}){hint}"
+        raise ctx.error(msg, None) from exc
+
+
+def _package_error(ctx: _Context, message: str) -> SpecificationError:
+    """The package reports either JSON (type errors) or ``Parse error: ... at line N, ...``."""
+    try:
+        report = json.loads(message)
+        errors = report["errors"]
+        first = errors[0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        match = _LINE_IN_TEXT.search(message)
+        return ctx.error(message.strip(), int(match.group(1)) if match else None)
+    parts = [str(first.get("message", "error"))]
+    if first.get("offendingSymbol"):
+        parts.append(f"'{first['offendingSymbol']}'")
+    if first.get("hint"):
+        parts.append(f"({first['hint']})")
+    if len(errors) > 1:
+        parts.append(f"and {len(errors) - 1} more error(s)")
+    line = first.get("line")
+    return ctx.error(" ".join(parts), line if isinstance(line, int) and line > 0 else None)
+
+
+def _single_network(ctx: _Context, query, last_line: int):
+    """The one network, with one floating-point input and output tensor and nothing else."""
+    networks = query.networks
+    if len(networks) != 1:
+        msg = f"not supported: {len(networks)} networks declared (exactly one is supported)"
+        raise ctx.error(msg, last_line if not networks else None)
+    net = networks[0]
+    where = f"network {net.name}"
+    if len(net.inputs) != 1 or len(net.outputs) != 1:
+        msg = f"not supported: {where} has {len(net.inputs)} inputs and {len(net.outputs)} outputs"
+        raise ctx.error(msg + " (exactly one of each is supported)", None)
+    if net.hidden:
+        raise ctx.error(f"not supported: hidden tensors in {where}", None)
+    if net.equal_to or net.isometric_to:
+        raise ctx.error(f"not supported: equal-to / isometric-to in {where}", None)
+    for tensor in (net.inputs[0], net.outputs[0]):
+        dtype = str(tensor.dtype).rsplit(".", 1)[-1]
+        if dtype not in _FLOAT_TYPES:
+            raise ctx.error(f"not supported: tensor {tensor.name} of type {dtype}", None)
+    return net
+
+
+def _size(shape) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def _flat_index(shape, indices) -> int:
+    """Row-major position of ``indices`` in a tensor of ``shape``."""
+    flat = 0
+    for dim, index in zip(shape, indices, strict=True):
+        flat = flat * int(dim) + int(index)
+    return flat
+
+
+def _first_line(node) -> int | None:
+    """The line of the first number or variable under ``node`` (depth first, iterative)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        line = getattr(item, "line", None)
+        if isinstance(line, int) and line > 0:
+            return line
+        stack.extend(reversed(item.children()))
+    return None
+
+
+def _formula(ctx: _Context, tensors: dict, expr) -> list:
+    """The DNF of a formula: a list of terms, each a tuple tree of ``_Constraint``.
+
+    Iterative post-order walk (no recursion); ``and`` / ``or`` use the 1.0 reader's expansion.
+    """
+    stack: list = [(expr, False)]
+    values: list[list] = []
+    while stack:
+        node, done = stack.pop()
+        kind = type(node).__name__
+        if kind in ("And", "Or"):
+            args = node.args
+            if not done:
+                stack.append((node, True))
+                stack.extend((arg, False) for arg in reversed(args))
+                continue
+            line = _first_line(node)
+            parts = values[len(values) - len(args) :] if args else []
+            del values[len(values) - len(args) :]
+            if not parts:
+                raise ctx.error(f"'{kind.lower()}' without arguments", line)
+            merge = _conjoin_dnf if kind == "And" else _disjoin
+            values.append(merge(ctx, parts, line))
+        elif kind in _COMPARISONS:
+            values.append([tuple(_comparison(ctx, tensors, node, _COMPARISONS[kind]))])
+        else:
+            what = "'!='" if kind == "NotEqual" else f"formula {kind}"
+            raise ctx.error(f"not supported: {what}", _first_line(node))
+    return values[0]
+
+
+def _comparison(ctx: _Context, tensors: dict, node, ops: tuple[str, ...]) -> list[_Constraint]:
+    """``lhs op rhs`` as constraints ``coefs . v <= bound`` over ``("X", i)`` / ``("Y", j)``."""
+    line = _first_line(node)
+    coefs: dict[tuple[str, int], float] = {}
+    const = 0.0
+    for side, sign in ((node.lhs, 1.0), (node.rhs, -1.0)):
+        try:
+            linear = side.to_linear_expr()
+        except _pkg.VNNLibException as exc:
+            raise ctx.error(f"not supported: {str(exc).strip()}", line) from exc
+        except Exception as exc:  # a binding may raise anything; never leak it
+            raise ctx.error(f"not supported: term {side} ({exc})", line) from exc
+        const += sign * float(linear.constant)
+        for term in linear.terms:
+            var = _variable(ctx, tensors, term.var, line)
+            coefs[var] = coefs.get(var, 0.0) + sign * float(term.coeff)
+    out = []
+    for op in ops:  # lhs - rhs <= 0, or rhs - lhs <= 0
+        s = 1.0 if op == "<=" else -1.0
+        row = {v: s * c for v, c in coefs.items() if c != 0.0}
+        if not row:
+            raise ctx.error("comparison without variables (constant or cancelling terms)", line)
+        bound = 0.0 - s * const + 0.0  # + 0.0: no -0.0
+        if not (math.isfinite(bound) and all(map(math.isfinite, row.values()))):
+            raise ctx.error("arithmetic overflow in the comparison (not a finite number)", line)
+        out.append(_Constraint(row, bound, line))
+    return out
+
+
+def _variable(ctx: _Context, tensors: dict, var, line: int | None) -> tuple[str, int]:
+    """``("X", flat index)`` for an element of the input, ``("Y", ...)`` for the output."""
+    kind = str(var.kind).rsplit(".", 1)[-1]
+    entry = tensors.get((var.name, kind))
+    if entry is None:
+        raise ctx.error(f"not supported: variable {var.name} ({kind.lower()})", line)
+    letter, definition = entry
+    shape, indices = list(definition.shape), list(var.indices)
+    if len(indices) != len(shape) or any(not 0 <= i < d for i, d in zip(indices, shape)):
+        raise ctx.error(f"index {indices} out of the shape {shape} of {var.name}", line)
+    return letter, _flat_index(shape, indices)
+
+
+def _element(definition, flat: int) -> str:
+    """``X[1,2]`` for the flat index of an element of ``definition`` (a tensor declaration)."""
+    shape = [int(d) for d in definition.shape]
+    if not shape:
+        return definition.name
+    index = np.unravel_index(flat, shape)
+    return f"{definition.name}[{','.join(str(int(i)) for i in index)}]"
+
+
+def _tighten(ctx, term, lower, upper, x_def) -> None:
+    """Intersects the box ``[lower, upper]`` (changed in place) with the bounds in ``term``."""
+    for con in filter(_is_bound, term):
+        ((_, i), coef) = next(iter(con.coefs.items()))
+        value = con.bound / coef
+        if not math.isfinite(value):
+            raise ctx.error(f"bound on {_element(x_def, i)} overflows float64", con.line)
+        if coef > 0:
+            upper[i] = min(upper[i], value)
+        else:
+            lower[i] = max(lower[i], value)
+        if lower[i] > upper[i]:
+            name = _element(x_def, i)
+            msg = f"empty input box: {name} has lower {lower[i]!r} > upper {upper[i]!r}"
+            raise ctx.error(msg, con.line)
+
+
+def _group_regions(ctx, common, terms, sizes, names, last_line) -> tuple[Region, ...]:
+    """Regions of ``common AND (term_1 OR ...)``, one per distinct input box (as in 1.0).
+
+    ``sizes`` is ``(n_inputs, n_outputs)``, ``names`` the input and output declarations.
+    """
+    base_lower, base_upper = np.full(sizes[0], -np.inf), np.full(sizes[0], np.inf)
+    _tighten(ctx, common, base_lower, base_upper, names[0])
+    base_rows = [con for con in common if not _is_bound(con)]
+    groups: dict[bytes, tuple[np.ndarray, np.ndarray, list]] = {}
+    entries = 0
+    for term in terms:
+        lower, upper = base_lower.copy(), base_upper.copy()
+        _tighten(ctx, term, lower, upper, names[0])
+        for side, values in (("lower", lower), ("upper", upper)):
+            missing = np.flatnonzero(~np.isfinite(values))
+            if missing.size:
+                name = _element(names[0], int(missing[0]))
+                raise ctx.error(f"input {name} has no {side} bound", last_line)
+        rows = base_rows + [con for con in term if not _is_bound(con)]
+        entries += 2 * sizes[0] + len(rows) * (sizes[1] + 1)
+        if entries > MAX_ENTRIES:
+            raise ctx.error(f"regions would hold more than {MAX_ENTRIES} numbers", last_line)
+        group = groups.setdefault(lower.tobytes() + upper.tobytes(), (lower, upper, []))
+        group[2].append(_polytope(rows, *sizes))
+    return tuple(Region(lower, upper, tuple(polys)) for lower, upper, polys in groups.values())
+
+
+__all__ = ["MAX_DEPTH", "is_vnnlib2", "load_vnnlib2", "parse_vnnlib2"]
