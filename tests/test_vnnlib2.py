@@ -16,10 +16,11 @@ import pytest
 
 from tests.bad_inputs.conftest import line_of, no_side_effects, raises_where
 from verify.errors import SpecificationError
-from verify.vnnlib import MAX_TERMS, VnnlibProperty, parse_vnnlib
+from verify.vnnlib import MAX_TERMS, parse_vnnlib
 
 pytest.importorskip("vnnlib", reason="the optional package vnnlib (VNN-LIB 2.0 parser) is absent")
 
+from tests.test_vnnlib import _assert_same
 from verify.vnnlib2 import MAX_DEPTH, is_vnnlib2, load_vnnlib2
 
 V2 = "(vnnlib-version <2.0>)\n"
@@ -36,21 +37,6 @@ def _write(tmp_path: Path, text: str, name: str = "prop.vnnlib") -> Path:
     path = tmp_path / name
     path.write_text(text, newline="")
     return path
-
-
-def _assert_same(a: VnnlibProperty, b: VnnlibProperty) -> None:
-    assert (a.n_inputs, a.n_outputs) == (b.n_inputs, b.n_outputs)
-    assert len(a.regions) == len(b.regions)
-    for ra, rb in zip(a.regions, b.regions):
-        np.testing.assert_array_equal(ra.lower, rb.lower)
-        np.testing.assert_array_equal(ra.upper, rb.upper)
-        assert len(ra.unsafe) == len(rb.unsafe)
-        for pa, pb in zip(ra.unsafe, rb.unsafe):
-            np.testing.assert_array_equal(pa.A, pb.A)
-            np.testing.assert_array_equal(pa.b, pb.b)
-            assert (pa.A_x is None) == (pb.A_x is None)
-            if pa.A_x is not None:
-                np.testing.assert_array_equal(pa.A_x, pb.A_x)
 
 
 # ------------------------------------------------------------------------------- exact values

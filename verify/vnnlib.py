@@ -43,7 +43,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -86,8 +86,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _V2_FORM = re.compile(r"\(\s*(vnnlib-version|declare-network)\b")
 
 
-def _is_vnnlib2(text: str) -> bool:
-    """Whether the text has a VNN-LIB 2.0 form (outside comments); see verify.vnnlib2."""
+def is_vnnlib2(text: str) -> bool:
+    """Whether VNN-LIB text is 2.0: it has a ``(vnnlib-version`` or ``(declare-network`` form
+    outside comments (neither is valid 1.0). Cheap: stops at the first one found."""
     return any(_V2_FORM.search(line.split(";", 1)[0]) for line in text.splitlines())
 
 
@@ -212,8 +213,9 @@ class _Context:
             raise self.error(f"formula too large to expand (> {MAX_STEPS} steps)", line)
 
 
-def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
-    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``)."""
+def read_text(path: str | os.PathLike) -> tuple[str, str]:
+    """``(name, text)`` of a VNN-LIB file, gzip-compressed or not (by magic bytes or ``.gz``);
+    unreadable, oversized, corrupt or non-UTF-8 files raise SpecificationError."""
     try:
         name = os.fsdecode(path)
     except TypeError as exc:
@@ -221,8 +223,13 @@ def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
     raw = _read_file(name)
     if raw[:2] == _GZIP_MAGIC or name.endswith(".gz"):
         raw = _gunzip(raw, name)
-    text = _decode(raw, name)
-    if _is_vnnlib2(text):
+    return name, _decode(raw, name)
+
+
+def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
+    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``)."""
+    name, text = read_text(path)
+    if is_vnnlib2(text):
         from verify.vnnlib2 import parse_vnnlib2  # lazy: verify.vnnlib2 imports this module
 
         return parse_vnnlib2(text, path=name)
@@ -591,29 +598,46 @@ def _is_bound(con: _Constraint) -> bool:
     return len(con.coefs) == 1 and next(iter(con.coefs))[0] == "X"
 
 
-def _tighten(ctx: _Context, term: list[_Constraint], lower: np.ndarray, upper: np.ndarray) -> None:
-    """Intersects the box ``[lower, upper]`` (changed in place) with the bounds in ``term``."""
+def _x_name(i: int) -> str:
+    return f"X_{i}"
+
+
+def _tighten(
+    ctx: _Context,
+    term: list[_Constraint],
+    lower: np.ndarray,
+    upper: np.ndarray,
+    name: Callable[[int], str] = _x_name,
+) -> None:
+    """Intersects the box ``[lower, upper]`` (changed in place) with the bounds in ``term``;
+    ``name(i)`` spells input ``i`` in messages."""
     for con in filter(_is_bound, term):
         ((_, i), coef) = next(iter(con.coefs.items()))
         value = con.bound / coef
         if not math.isfinite(value):
-            raise ctx.error(f"bound on X_{i} overflows float64", con.line)
+            raise ctx.error(f"bound on {name(i)} overflows float64", con.line)
         if coef > 0:
             upper[i] = min(upper[i], value)
         else:
             lower[i] = max(lower[i], value)
         if lower[i] > upper[i]:
-            msg = f"empty input box: X_{i} has lower {lower[i]!r} > upper {upper[i]!r}"
+            msg = f"empty input box: {name(i)} has lower {lower[i]!r} > upper {upper[i]!r}"
             raise ctx.error(msg, con.line)
 
 
-def _check_box(ctx: _Context, lower: np.ndarray, upper: np.ndarray) -> None:
-    """Every input needs a finite lower and upper bound (error at its declaration)."""
+def _check_box(
+    ctx: _Context,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    name: Callable[[int], str],
+    line: Callable[[int], int],
+) -> None:
+    """Every input needs a finite lower and upper bound (the error at ``line(i)``)."""
     for side, values in (("lower", lower), ("upper", upper)):
         missing = np.flatnonzero(~np.isfinite(values))
         if missing.size:
             i = int(missing[0])
-            raise ctx.error(f"input X_{i} has no {side} bound", ctx.decls[("X", i)])
+            raise ctx.error(f"input {name(i)} has no {side} bound", line(i))
 
 
 def _polytope(rows: list[_Constraint], n_inputs: int, n_outputs: int) -> Polytope:
@@ -634,21 +658,27 @@ def _group_regions(
     terms: list[list[_Constraint]],
     sizes: tuple[int, int],
     last_line: int,
+    name: Callable[[int], str] = _x_name,
+    missing_line: Callable[[int], int] | None = None,
 ) -> tuple[Region, ...]:
     """Regions of ``common AND (term_1 OR term_2 ...)``, one per distinct input box.
 
     ``sizes`` is ``(n_inputs, n_outputs)``; regions keep the order of first appearance. The
-    boxes and matrices hold at most :data:`MAX_ENTRIES` numbers in all.
+    boxes and matrices hold at most :data:`MAX_ENTRIES` numbers in all. ``name(i)`` spells input
+    ``i`` in messages; a missing bound is reported at ``missing_line(i)`` (default: the line
+    that declared the input).
     """
+    if missing_line is None:
+        missing_line = lambda i: ctx.decls[("X", i)]  # noqa: E731
     base_lower, base_upper = np.full(sizes[0], -np.inf), np.full(sizes[0], np.inf)
-    _tighten(ctx, common, base_lower, base_upper)
+    _tighten(ctx, common, base_lower, base_upper, name)
     base_rows = [con for con in common if not _is_bound(con)]
     groups: dict[bytes, tuple[np.ndarray, np.ndarray, list[Polytope]]] = {}
     entries = 0
     for term in terms:
         lower, upper = base_lower.copy(), base_upper.copy()
-        _tighten(ctx, term, lower, upper)
-        _check_box(ctx, lower, upper)
+        _tighten(ctx, term, lower, upper, name)
+        _check_box(ctx, lower, upper, name, missing_line)
         rows = base_rows + [con for con in term if not _is_bound(con)]
         entries += 2 * sizes[0] + len(rows) * (sizes[1] + 1)
         if entries > MAX_ENTRIES:

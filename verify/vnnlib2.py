@@ -33,20 +33,16 @@ import numpy as np
 
 from verify.errors import SpecificationError
 from verify.vnnlib import (
-    _GZIP_MAGIC,
     MAX_ENTRIES,
-    Region,
     VnnlibProperty,
     _Constraint,
     _Context,
-    _decode,
     _disjoin,
     _flatten,
-    _gunzip,
-    _is_bound,
+    _group_regions,
     _line_count,
-    _polytope,
-    _read_file,
+    is_vnnlib2,
+    read_text,
 )
 from verify.vnnlib import _conjoin as _conjoin_dnf
 
@@ -60,7 +56,6 @@ MAX_DEPTH = 1000
 100 000 deep crashes the interpreter)."""
 
 _LINE_BREAK = re.compile(r"\r\n|\r")
-_V2_FORM = re.compile(r"\(\s*(vnnlib-version|declare-network)\b")
 _LINE_IN_TEXT = re.compile(r"\bline (\d+)")
 _FLOAT_TYPES = ("F16", "F32", "F64", "BF16", "F8E4M3FN", "F8E5M2", "F8E4M3FNUZ", "F8E5M2FNUZ")
 _FLOAT_TYPES += ("F4E2M1",)
@@ -73,22 +68,10 @@ _COMPARISONS = {
 }
 
 
-def is_vnnlib2(text: str) -> bool:
-    """Whether VNN-LIB text is 2.0: it has a ``(vnnlib-version`` or ``(declare-network`` form
-    outside comments (neither is valid 1.0). Cheap: stops at the first one found."""
-    return any(_V2_FORM.search(line.split(";", 1)[0]) for line in text.splitlines())
-
-
 def load_vnnlib2(path: str | os.PathLike) -> VnnlibProperty:
     """Read a VNN-LIB 2.0 file (gzip-compressed or not) as a :class:`VnnlibProperty`."""
-    try:
-        name = os.fsdecode(path)
-    except TypeError as exc:
-        raise SpecificationError(f"expected a file path, got {type(path).__name__}") from exc
-    raw = _read_file(name)
-    if raw[:2] == _GZIP_MAGIC or name.endswith(".gz"):
-        raw = _gunzip(raw, name)
-    return parse_vnnlib2(_decode(raw, name), path=name)
+    name, text = read_text(path)
+    return parse_vnnlib2(text, path=name)
 
 
 def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
@@ -120,7 +103,10 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     if not any(v[0] == "Y" for term in [common, *terms] for con in term for v in con.coefs):
         raise ctx.error(f"no constraint on the output {y_def.name} (unsafe set missing)", last_line)
     names = (x_def, y_def)
-    regions = _group_regions(ctx, common, terms, sizes, names, last_line)
+    regions = _group_regions(
+        ctx, common, terms, sizes, last_line,
+        name=lambda i: _element(names[0], i), missing_line=lambda i: last_line,
+    )  # fmt: skip
     return VnnlibProperty(path, sizes[0], sizes[1], regions)
 
 
@@ -299,50 +285,6 @@ def _element(definition, flat: int) -> str:
         return definition.name
     index = np.unravel_index(flat, shape)
     return f"{definition.name}[{','.join(str(int(i)) for i in index)}]"
-
-
-def _tighten(ctx, term, lower, upper, x_def) -> None:
-    """Intersects the box ``[lower, upper]`` (changed in place) with the bounds in ``term``."""
-    for con in filter(_is_bound, term):
-        ((_, i), coef) = next(iter(con.coefs.items()))
-        value = con.bound / coef
-        if not math.isfinite(value):
-            raise ctx.error(f"bound on {_element(x_def, i)} overflows float64", con.line)
-        if coef > 0:
-            upper[i] = min(upper[i], value)
-        else:
-            lower[i] = max(lower[i], value)
-        if lower[i] > upper[i]:
-            name = _element(x_def, i)
-            msg = f"empty input box: {name} has lower {lower[i]!r} > upper {upper[i]!r}"
-            raise ctx.error(msg, con.line)
-
-
-def _group_regions(ctx, common, terms, sizes, names, last_line) -> tuple[Region, ...]:
-    """Regions of ``common AND (term_1 OR ...)``, one per distinct input box (as in 1.0).
-
-    ``sizes`` is ``(n_inputs, n_outputs)``, ``names`` the input and output declarations.
-    """
-    base_lower, base_upper = np.full(sizes[0], -np.inf), np.full(sizes[0], np.inf)
-    _tighten(ctx, common, base_lower, base_upper, names[0])
-    base_rows = [con for con in common if not _is_bound(con)]
-    groups: dict[bytes, tuple[np.ndarray, np.ndarray, list]] = {}
-    entries = 0
-    for term in terms:
-        lower, upper = base_lower.copy(), base_upper.copy()
-        _tighten(ctx, term, lower, upper, names[0])
-        for side, values in (("lower", lower), ("upper", upper)):
-            missing = np.flatnonzero(~np.isfinite(values))
-            if missing.size:
-                name = _element(names[0], int(missing[0]))
-                raise ctx.error(f"input {name} has no {side} bound", last_line)
-        rows = base_rows + [con for con in term if not _is_bound(con)]
-        entries += 2 * sizes[0] + len(rows) * (sizes[1] + 1)
-        if entries > MAX_ENTRIES:
-            raise ctx.error(f"regions would hold more than {MAX_ENTRIES} numbers", last_line)
-        group = groups.setdefault(lower.tobytes() + upper.tobytes(), (lower, upper, []))
-        group[2].append(_polytope(rows, *sizes))
-    return tuple(Region(lower, upper, tuple(polys)) for lower, upper, polys in groups.values())
 
 
 __all__ = ["MAX_DEPTH", "is_vnnlib2", "load_vnnlib2", "parse_vnnlib2"]
