@@ -17,7 +17,35 @@ def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-class ConvOp(UnaryAffineOp):
+class ChannelBiasConv(UnaryAffineOp):
+    """What convolutions and transposed convolutions share: `y = K(x; weight) + bias[c]`, with
+    `|L| x = K(x; |weight|)`. Subclasses give `_apply(x, weight)` and hold `weight`, `bias`."""
+
+    weight: Tensor
+    bias: Tensor | None
+
+    def _apply(self, x: Tensor, weight: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def linear(self, x: Tensor) -> Tensor:
+        return self._apply(x, self.weight)
+
+    def abs_linear(self, x: Tensor) -> Tensor:
+        return self._apply(x, self.weight.abs())
+
+    def bias_vector(self) -> Tensor | None:
+        return None if self.bias is None else self.bias.reshape(-1, 1, 1)
+
+    def bias_term(self, A: Tensor) -> Tensor:
+        if self.bias is None:
+            return A.new_zeros(A.shape[:2])
+        return A.sum(dim=(-2, -1)) @ self.bias
+
+    def constants(self) -> tuple[Tensor, ...]:
+        return (self.weight,) if self.bias is None else (self.weight, self.bias)
+
+
+class ConvOp(ChannelBiasConv):
     """`y = conv2d(x, weight, bias)` on `[N, C, H, W]` inputs."""
 
     def __init__(
@@ -44,17 +72,8 @@ class ConvOp(UnaryAffineOp):
             for i, k in enumerate((kh, kw))
         )
 
-    def _conv(self, x: Tensor, weight: Tensor) -> Tensor:
+    def _apply(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.conv2d(x, weight, None, self.stride, self.padding, self.dilation, self.groups)
-
-    def linear(self, x: Tensor) -> Tensor:
-        return self._conv(x, self.weight)
-
-    def abs_linear(self, x: Tensor) -> Tensor:
-        return self._conv(x, self.weight.abs())
-
-    def bias_vector(self) -> Tensor | None:
-        return None if self.bias is None else self.bias.reshape(-1, 1, 1)
 
     def adjoint(self, A: Tensor) -> Tensor:
         return F.conv_transpose2d(
@@ -67,14 +86,6 @@ class ConvOp(UnaryAffineOp):
             self.groups,
             self.dilation,
         )
-
-    def bias_term(self, A: Tensor) -> Tensor:
-        if self.bias is None:
-            return A.new_zeros(A.shape[:2])
-        return A.sum(dim=(-2, -1)) @ self.bias
-
-    def constants(self) -> tuple[Tensor, ...]:
-        return (self.weight,) if self.bias is None else (self.weight, self.bias)
 
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ConvOp:
         bias = None if self.bias is None else self.bias.to(device, dtype)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bounds.ops.base import UnaryAffineOp
+from bounds.ops.conv import ChannelBiasConv
 
 Pair = tuple[int, int]
 
@@ -18,7 +18,7 @@ def conv_transpose_output_size(
     return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
 
 
-class ConvTransposeOp(UnaryAffineOp):
+class ConvTransposeOp(ChannelBiasConv):
     """`y = conv_transpose2d(x, weight, bias)` on `[N, C_in, H, W]`; `weight [C_in,
     C_out / groups, kh, kw]`."""
 
@@ -51,31 +51,14 @@ class ConvTransposeOp(UnaryAffineOp):
             raise ValueError(f"the padding {padding} leaves an empty output")
         self.out_shape = (weight.shape[1] * groups, *sizes)
 
-    def _forward(self, x: Tensor, weight: Tensor) -> Tensor:
+    def _apply(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.conv_transpose2d(x, weight, None, self.stride, self.padding,
                                   self.output_padding, self.groups, self.dilation)  # fmt: skip
-
-    def linear(self, x: Tensor) -> Tensor:
-        return self._forward(x, self.weight)
-
-    def abs_linear(self, x: Tensor) -> Tensor:
-        return self._forward(x, self.weight.abs())
-
-    def bias_vector(self) -> Tensor | None:
-        return None if self.bias is None else self.bias.reshape(-1, 1, 1)
 
     def adjoint(self, A: Tensor) -> Tensor:
         out = F.conv2d(A, self.weight, None, self.stride, self.padding, self.dilation, self.groups)
         # An output padding >= the stride adds outputs that no input row reaches back to.
         return out[..., : self.in_shape[1], : self.in_shape[2]]
-
-    def bias_term(self, A: Tensor) -> Tensor:
-        if self.bias is None:
-            return A.new_zeros(A.shape[:2])
-        return A.sum(dim=(-2, -1)) @ self.bias
-
-    def constants(self) -> tuple[Tensor, ...]:
-        return (self.weight,) if self.bias is None else (self.weight, self.bias)
 
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ConvTransposeOp:
         bias = None if self.bias is None else self.bias.to(device, dtype)
