@@ -21,6 +21,7 @@ import verify
 import verify.bab as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
+from tests.test_relu_bab import mlp
 from verify.bab import BabConfig, RegionBab
 from verify.bab_common import outward, rounded_down, rounded_up
 from verify.relu_bab import ReluBab, ReluSplitConfig
@@ -112,14 +113,6 @@ def test_with_the_recheck_the_counterexample_is_found(splitting):
     result = verify.verify(net, prop, timeout=10, splitting=splitting)
     assert result.status == "sat"
     assert float(result.counterexample[1][0]) <= float(prop.regions[0].unsafe[0].b[0])
-
-
-def mlp(sizes: list[int], seed: int) -> nn.Sequential:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.ReLU()]
-    return nn.Sequential(*layers[:-1]).eval()
 
 
 @functools.cache
