@@ -22,7 +22,7 @@ setup(
         "lp": ["cvxpy>=1.5", "highspy>=1.7", "clarabel>=0.7"],
         "examples": ["scikit-learn>=1.3"],
         "crf": ["pillow>=10"],
-        # VNN-LIB 2.0 files (verify/vnnlib2.py); 1.0 files need nothing extra.
+        # VNN-LIB 2.0 files (verify/io/vnnlib2.py); 1.0 files need nothing extra.
         "vnnlib2": ["vnnlib>=1.0.2"],
         "bench": [
             "matplotlib>=3.7",

@@ -10,7 +10,7 @@ from torch import nn
 import verify
 from verify.attack import AttackConfig, UnsafeSpec, min_max, validate, violation
 from verify.bab import BabConfig
-from verify.vnnlib import Polytope, Region, VnnlibProperty
+from verify.property import Polytope, Region, VnnlibProperty
 
 
 def mlp(n_in: int, hidden: int, n_out: int, seed: int) -> nn.Sequential:

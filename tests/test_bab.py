@@ -13,8 +13,8 @@ from torch import nn
 import verify
 import verify.bab as bab
 from verify.bab import BabConfig, BatchSizer, Domains, RegionBab
+from verify.property import Polytope, Region, VnnlibProperty
 from verify.specs import region_proven, region_spec
-from verify.vnnlib import Polytope, Region, VnnlibProperty
 
 
 def mlp(sizes: list[int], seed: int) -> nn.Sequential:

@@ -36,7 +36,10 @@ def _problem(name: str, batch: int, seed: int = 0):
 
 def _dual(solver: str, problem, compile_mode, budget=None, iterations=8):
     module = {"prox": proximal, "supergradient": supergradient}[solver]
-    config_type = {"prox": proximal.ProximalConfig, "supergradient": supergradient.SupergradientConfig}
+    config_type = {
+        "prox": proximal.ProximalConfig,
+        "supergradient": supergradient.SupergradientConfig,
+    }
     config = config_type[solver](iterations=iterations, compile=compile_mode, check_every=2)
     return module.solve(problem, config, crown_duals(problem), budget)
 
@@ -141,7 +144,9 @@ def test_auto_compiles_on_cuda_only_unless_measured():
     assert not bounds.compile.should_compile("auto", cpu)
     assert bounds.compile.should_compile("auto", cpu, cpu_default=True)
     assert bounds.compile.should_compile("auto", cuda)
-    assert bounds.compile.should_compile(True, cpu) and not bounds.compile.should_compile(False, cuda)
+    assert bounds.compile.should_compile(True, cpu) and not bounds.compile.should_compile(
+        False, cuda
+    )
     with pytest.raises(ValueError, match="compile must be"):
         proximal.ProximalConfig(compile="yes")
     with pytest.raises(ValueError, match="compile must be"):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import verify
-from verify.vnnlib import Polytope, Region, VnnlibProperty
+from verify.property import Polytope, Region, VnnlibProperty
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -47,7 +47,9 @@ def test_bounds_on_cuda_equal_cpu_bounds(method, options, net_on_cuda, dtype):
     cpu = verify.bounds(net, 0.01, x=x, method=method, compile=False, **options)
     dev_net = conv_net(dtype).to(CUDA) if net_on_cuda else net
     for compile_mode in (False, "auto"):
-        dev = verify.bounds(dev_net, 0.01, x=x.to(CUDA), method=method, compile=compile_mode, **options)
+        dev = verify.bounds(
+            dev_net, 0.01, x=x.to(CUDA), method=method, compile=compile_mode, **options
+        )
         assert dev.lower.device.type == "cuda"
         # one-pass methods agree to rounding; optimisers follow slightly different paths (sums
         # in another order), so their bounds agree to a looser tolerance, and must be sound

@@ -24,8 +24,8 @@ from bounds.methods import beta_crown
 from tests.test_relu_bab import mlp
 from verify.bab import BabConfig, RegionBab
 from verify.bab_common import outward, rounded_down, rounded_up
+from verify.property import Polytope, Region, VnnlibProperty
 from verify.relu_bab import ReluBab, ReluSplitConfig
-from verify.vnnlib import Polytope, Region, VnnlibProperty
 
 OFF = {"float64_recheck": False}
 

@@ -20,8 +20,8 @@ from bounds.methods import beta_crown
 from tests.bad_inputs.conftest import raises_where
 from verify.attack import AttackConfig, UnsafeSpec, find_counterexample, pgd
 from verify.bab import BabConfig
+from verify.property import Polytope, Region, VnnlibProperty
 from verify.relu_bab import ReluBab, ReluSplitConfig
-from verify.vnnlib import Polytope, Region, VnnlibProperty
 
 
 def allowed(limit: float) -> float:

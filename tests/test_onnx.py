@@ -1,4 +1,4 @@
-"""Tests of `verify.onnx_loader.load_onnx` against onnxruntime (a test-only dependency).
+"""Tests of `verify.io.onnx_loader.load_onnx` against onnxruntime (a test-only dependency).
 
 Real VNN-COMP 2022 networks from ../shared/data when present, small models built here with
 `onnx.helper` for every supported op, malformed files, and the emitted fx vocabulary.
@@ -20,7 +20,7 @@ from torch import nn
 
 from bounds.errors import InvalidNetworkError, UnsupportedOperationError
 from verify.errors import SpecificationError
-from verify.onnx_loader import load_onnx
+from verify.io.onnx_loader import load_onnx
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -25,7 +25,7 @@ from tests.bad_inputs.conftest import raises_where
 from tests.soundness import assert_contains, box_samples, spec_values
 from tests.test_onnx import DATA, assert_matches_ort, i64, n, ort_outputs, random_inputs, tensor
 from verify import bounds
-from verify.onnx_loader import load_onnx
+from verify.io.onnx_loader import load_onnx
 
 pytest.importorskip("onnxruntime")
 

@@ -23,8 +23,8 @@ from verify.bab import BabConfig, solve_region, splitting_mode
 from verify.bab_common import DeadlineReachedError
 from verify.branching import babsr_scores, branchable
 from verify.cli import build_parser
+from verify.property import Polytope, Region, VnnlibProperty
 from verify.relu_bab import ReluBab, ReluDomains, ReluSplitConfig
-from verify.vnnlib import Polytope, Region, VnnlibProperty
 
 RELU = BabConfig(splitting="relu")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from verify.io.vnnlib import parse_vnnlib
 from verify.specs import margin_spec, region_proven, region_spec
-from verify.vnnlib import parse_vnnlib
 
 TWO_POLYTOPES = """
 (declare-const X_0 Real)

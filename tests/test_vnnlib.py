@@ -1,4 +1,4 @@
-"""Tests of the VNN-LIB 1.0 reader `verify.vnnlib`.
+"""Tests of the VNN-LIB 1.0 reader `verify.io.vnnlib`.
 
 Exact values on handwritten strings, the same properties with CRLF / CR / mixed line endings and
 comments, deep nesting, known content of ACAS Xu properties, every file of
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from verify.errors import SpecificationError
-from verify.vnnlib import MAX_TERMS, VnnlibProperty, load_vnnlib, parse_vnnlib
+from verify.io.vnnlib import MAX_TERMS, VnnlibProperty, load_vnnlib, parse_vnnlib
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 VNNCOMP = DATA / "vnncomp2022"

@@ -1,4 +1,4 @@
-"""Tests of the VNN-LIB 2.0 reader `verify.vnnlib2` (needs the optional package ``vnnlib``).
+"""Tests of the VNN-LIB 2.0 reader `verify.io.vnnlib2` (needs the optional package ``vnnlib``).
 
 Exact boxes and polytopes of handwritten 2.0 properties (row-major flattening of tensors, nested
 and/or, ``==``, strict comparisons, scalar tensors, gzip, CRLF), the same spec as the 1.0 reader
@@ -16,12 +16,12 @@ import pytest
 
 from tests.bad_inputs.conftest import line_of, no_side_effects, raises_where
 from verify.errors import SpecificationError
-from verify.vnnlib import MAX_TERMS, parse_vnnlib
+from verify.io.vnnlib import MAX_TERMS, parse_vnnlib
 
 pytest.importorskip("vnnlib", reason="the optional package vnnlib (VNN-LIB 2.0 parser) is absent")
 
 from tests.test_vnnlib import _assert_same
-from verify.vnnlib2 import MAX_DEPTH, is_vnnlib2, load_vnnlib2
+from verify.io.vnnlib2 import MAX_DEPTH, is_vnnlib2, load_vnnlib2
 
 V2 = "(vnnlib-version <2.0>)\n"
 
@@ -314,7 +314,7 @@ def test_missing_file_and_bad_path_type(tmp_path: Path) -> None:
 def test_load_vnnlib_reads_a_20_file_through_the_20_reader(tmp_path: Path) -> None:
     """`verify.load_vnnlib` (the one entry point of `verify.verify` and the CLI) dispatches 2.0
     files, also gzipped, and keeps reading 1.0 files with the 1.0 reader."""
-    from verify.vnnlib import load_vnnlib
+    from verify.io.vnnlib import load_vnnlib
 
     text = _to_v2(ACAS_LIKE_10, "[4]", "[3]", lambda kind, i: f"{kind}[{i}]")
     path = _write(tmp_path, text)

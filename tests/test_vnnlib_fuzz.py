@@ -1,4 +1,4 @@
-"""Property-based tests of the VNN-LIB reader `verify.vnnlib`.
+"""Property-based tests of the VNN-LIB reader `verify.io.vnnlib`.
 
 1. Random properties (input boxes, polytopes of linear rows over Y and X) are printed by an
    independent reference printer (random term forms, whitespace, comments, line endings, BOM,
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verify.errors import SpecificationError
-from verify.vnnlib import VnnlibProperty, load_vnnlib, parse_vnnlib
+from verify.io.vnnlib import VnnlibProperty, load_vnnlib, parse_vnnlib
 
 FUZZ = settings(
     max_examples=int(os.environ.get("VNNLIB_FUZZ_EXAMPLES", "200")),

@@ -13,9 +13,9 @@ from verify.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
-from verify.onnx_loader import load_onnx
+from verify.io.onnx_loader import load_onnx
+from verify.io.vnnlib import load_vnnlib
 from verify.verifier import VerificationResult, verify
-from verify.vnnlib import load_vnnlib
 
 __all__ = [
     "BabConfig",

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from verify.property import Region
 from verify.specs import region_box, region_spec
-from verify.vnnlib import Region
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from verify.bab_common import (
     outward_box,
     rounded_down,
 )
+from verify.property import Region
 from verify.relu_bab import ReluBab, ReluSplitConfig, relu_only
-from verify.vnnlib import Region
 
 __all__ = ["BabConfig", "BatchSizer", "Domains", "RegionBab", "RegionOutcome", "solve_region"]
 

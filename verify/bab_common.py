@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from bounds.graph import Graph
 from bounds.types import Interval
 from verify.attack import UnsafeSpec, validate, violation
-from verify.vnnlib import Region
+from verify.property import Region
 
 
 class BatchLimits(Protocol):

@@ -31,10 +31,10 @@ import torch
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods
 from verify.bab import SPLITTINGS, BabConfig, splitting_mode
-from verify.onnx_loader import load_onnx
+from verify.io.onnx_loader import load_onnx
+from verify.io.vnnlib import load_vnnlib
 from verify.relu_bab import ReluSplitConfig
 from verify.verifier import STATUSES, VerificationResult, verify
-from verify.vnnlib import load_vnnlib
 
 DEFAULT_METHOD = "crown"
 INTERRUPTED = 130  # the shell's status for a run ended by SIGINT

@@ -77,7 +77,7 @@ from verify.branching import (  # ReluSplitConfig: re-exported, defined there wi
     pre_biases,
     with_split,
 )
-from verify.vnnlib import Region
+from verify.property import Region
 
 __all__ = ["ReluBab", "ReluDomains", "ReluSplitConfig", "relu_only"]
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verify.vnnlib import Region
+from verify.property import Region
 
 
 def margin_spec(labels: Tensor, n_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:

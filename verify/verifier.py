@@ -26,8 +26,9 @@ from torch import Tensor, nn
 from bounds.errors import InvalidLimitError, ShapeMismatchError
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
-from verify.onnx_loader import load_onnx
-from verify.vnnlib import VnnlibProperty, load_vnnlib
+from verify.io.onnx_loader import load_onnx
+from verify.io.vnnlib import load_vnnlib
+from verify.property import VnnlibProperty
 
 STATUSES = ("unsat", "sat", "unknown", "timeout")
 

@@ -299,7 +299,7 @@ def test_verify_leaves_a_training_mode_model_alone(tmp_path):
 def test_counterexamples_are_validated_on_the_module_as_it_is_now():
     """No stale float64 twin: after a layer is replaced, validation uses the new function."""
     from verify.attack import validate
-    from verify.vnnlib import Polytope, Region
+    from verify.property import Polytope, Region
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)).eval()

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import verify.onnx_loader as onnx_loader
+import verify.io.onnx_loader as onnx_loader
 from bounds.errors import (
     InvalidNetworkError,
     ShapeMismatchError,
@@ -22,7 +22,7 @@ from bounds.errors import (
 )
 from tests.bad_inputs.conftest import no_side_effects, raises_where
 from verify.errors import SpecificationError
-from verify.onnx_loader import load_onnx
+from verify.io.onnx_loader import load_onnx
 
 F32 = TensorProto.FLOAT
 

@@ -12,9 +12,9 @@ from typing import NamedTuple
 import pytest
 
 from tests.bad_inputs.conftest import no_side_effects, raises_where
-from verify import vnnlib
 from verify.errors import SpecificationError
-from verify.vnnlib import MAX_TERMS, load_vnnlib, parse_vnnlib
+from verify.io import vnnlib
+from verify.io.vnnlib import MAX_TERMS, load_vnnlib, parse_vnnlib
 
 DECLS = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n"  # lines 1-2
 BOX = "(assert (>= X_0 0))\n(assert (<= X_0 1))\n"  # lines 3-4

@@ -247,7 +247,10 @@ def _replace_block(state: ProxState, j: int, xhB_j, xhA_j) -> ProxState:
     return state._replace(xhA=xhA, xhB=xhB)
 
 
-@pytest.mark.parametrize("name, use_triton", [("mlp", False), ("conv", False), pytest.param("conv", True, marks=needs_triton)])
+@pytest.mark.parametrize(
+    "name, use_triton",
+    [("mlp", False), ("conv", False), pytest.param("conv", True, marks=needs_triton)],
+)
 def test_block_steps_equal_the_proximal_solver(name, use_triton):
     """Sweeps over every block (first, middle, last) of a zoo net, float64, B=2, S=3; the
     second sweep starts away from the oracle's points (one sweep for the slow interpreter)."""

@@ -1,7 +1,7 @@
-"""The fx graph under construction for `verify.onnx_loader`: `Traced` values (an fx node, its
+"""The fx graph under construction for `verify.io.onnx_loader`: `Traced` values (an fx node, its
 batch-1 example and whether ONNX's axis 0 is our batch axis) and the `GraphBuilder` that emits
 nodes, registers weights and converts between the batched and unbatched forms (see
-`verify.onnx_ops` for the conventions). Also `broadcast_operands`, the alignment of ONNX
+`verify.io.onnx_ops` for the conventions). Also `broadcast_operands`, the alignment of ONNX
 (numpy) broadcasting onto our batch-first tensors.
 """
 
@@ -20,7 +20,7 @@ import onnx
 import torch
 from torch import fx, nn
 
-from verify.onnx_checks import mismatch, unsupported
+from verify.io.onnx_checks import mismatch, unsupported
 
 # Attribute names of the returned GraphModule that submodules and buffers must not take.
 _RESERVED = frozenset(dir(nn.Module())) | {

@@ -1,5 +1,5 @@
-"""ONNX shape and linear ops -> torch.fx (used by `verify.onnx_loader`, next to
-`verify.onnx_ops`): Transpose, Slice, Split, Concat, Gather with constant indices, Expand,
+"""ONNX shape and linear ops -> torch.fx (used by `verify.io.onnx_loader`, next to
+`verify.io.onnx_ops`): Transpose, Slice, Split, Concat, Gather with constant indices, Expand,
 constant Pad, ReduceSum/ReduceMean, Cast between float types, Where with a constant condition,
 ConvTranspose and Resize/Upsample (nearest and linear). Semantics follow the ONNX operator
 specification (https://onnx.ai/onnx/operators/); each handler is checked against onnxruntime
@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verify.onnx_builder import GraphBuilder, Traced, Value, as_param, broadcast_operands
-from verify.onnx_checks import check_size, float_weight, invalid, mismatch, unsupported
-from verify.onnx_fold import node_attributes, normalize_axes
-from verify.onnx_ops import activation, constant, hint, weight
+from verify.io.onnx_builder import GraphBuilder, Traced, Value, as_param, broadcast_operands
+from verify.io.onnx_checks import check_size, float_weight, invalid, mismatch, unsupported
+from verify.io.onnx_fold import node_attributes, normalize_axes
+from verify.io.onnx_ops import activation, constant, hint, weight
 
 Node = onnx.NodeProto
 

@@ -49,7 +49,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from verify.errors import ShapeMismatchError, SpecificationError
+from verify.errors import SpecificationError
+from verify.property import Polytope, Region, VnnlibProperty
 
 MAX_TERMS = 10_000
 """Largest number of DNF terms we expand to before raising (guards the cartesian product)."""
@@ -90,74 +91,6 @@ def is_vnnlib2(text: str) -> bool:
     """Whether VNN-LIB text is 2.0: it has a ``(vnnlib-version`` or ``(declare-network`` form
     outside comments (neither is valid 1.0). Cheap: stops at the first one found."""
     return any(_V2_FORM.search(line.split(";", 1)[0]) for line in text.splitlines())
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, dtype=np.float64)
-    a.setflags(write=False)
-    return a
-
-
-@dataclass(frozen=True, eq=False)
-class Polytope:
-    """The set ``{y : A y + A_x x <= b}`` (``A_x x`` only when some row mixes inputs and outputs).
-
-    Shapes: ``A`` ``[m, n_outputs]``, ``b`` ``[m]``, ``A_x`` ``[m, n_inputs]`` or ``None``.
-    ``m == 0`` is the whole output space. Arrays are float64 and read-only.
-    """
-
-    A: np.ndarray
-    b: np.ndarray
-    A_x: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "A", _readonly(self.A))
-        object.__setattr__(self, "b", _readonly(self.b))
-        if self.A.ndim != 2 or self.b.shape != (self.A.shape[0],):
-            raise ShapeMismatchError(f"Polytope: A {self.A.shape} and b {self.b.shape} disagree")
-        if self.A_x is not None:
-            object.__setattr__(self, "A_x", _readonly(self.A_x))
-            if self.A_x.ndim != 2 or self.A_x.shape[0] != self.A.shape[0]:
-                raise ShapeMismatchError(f"Polytope: A_x {self.A_x.shape} vs A {self.A.shape}")
-
-    def contains(self, y: np.ndarray, x: np.ndarray | None = None, tol: float = 0.0) -> bool:
-        """Whether ``A y + A_x x <= b + tol`` (``x`` [n_inputs] is needed iff ``A_x`` is set)."""
-        lhs = self.A @ np.asarray(y, dtype=np.float64)
-        if self.A_x is not None:
-            if x is None:
-                raise ShapeMismatchError("Polytope.contains: this polytope needs the input x")
-            lhs = lhs + self.A_x @ np.asarray(x, dtype=np.float64)
-        return bool(np.all(lhs <= self.b + tol))
-
-
-@dataclass(frozen=True, eq=False)
-class Region:
-    """An input box ``lower <= x <= upper`` (``[n_inputs]`` each) and its unsafe set.
-
-    The unsafe set is the union of ``unsafe``: the property is violated in this region iff some
-    ``x`` in the box has ``f(x)`` in ANY of the polytopes.
-    """
-
-    lower: np.ndarray
-    upper: np.ndarray
-    unsafe: tuple[Polytope, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lower", _readonly(self.lower))
-        object.__setattr__(self, "upper", _readonly(self.upper))
-        object.__setattr__(self, "unsafe", tuple(self.unsafe))
-        if self.lower.ndim != 1 or self.lower.shape != self.upper.shape:
-            raise ShapeMismatchError(f"Region: lower {self.lower.shape} vs {self.upper.shape}")
-
-
-@dataclass(frozen=True, eq=False)
-class VnnlibProperty:
-    """A parsed VNN-LIB file: the property is violated iff ``(x, f(x))`` lies in ANY region."""
-
-    path: str
-    n_inputs: int
-    n_outputs: int
-    regions: tuple[Region, ...]
 
 
 class _Atom(NamedTuple):
@@ -230,7 +163,7 @@ def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
     """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``)."""
     name, text = read_text(path)
     if is_vnnlib2(text):
-        from verify.vnnlib2 import parse_vnnlib2  # lazy: verify.vnnlib2 imports this module
+        from verify.io.vnnlib2 import parse_vnnlib2  # lazy: verify.io.vnnlib2 imports this module
 
         return parse_vnnlib2(text, path=name)
     return parse_vnnlib(text, path=name)

@@ -1,9 +1,9 @@
 """Load an ONNX network (`.onnx` or gzip-compressed `.onnx.gz`) as a `torch.fx.GraphModule`.
 
 Only the `onnx` package is used (no onnx2torch, no onnxruntime). The graph is translated node by
-node into a small, fixed vocabulary (see `verify.onnx_ops`) that the bound-propagation graph
+node into a small, fixed vocabulary (see `verify.io.onnx_ops`) that the bound-propagation graph
 builder consumes; sub-graphs that depend only on constants are folded in numpy at load time
-(`verify.onnx_fold`). The returned module is batch-first: it accepts any batch size even though
+(`verify.io.onnx_fold`). The returned module is batch-first: it accepts any batch size even though
 VNN-COMP files fix the batch to 1 or declare none. An input declared `[1, *S]` (or with a
 symbolic first dimension) has per-sample shape `S`; any other input shape (`[1]`, `[5]`,
 `[12, 8]`) is one sample as a whole. Several graph outputs are flattened and concatenated in
@@ -43,7 +43,7 @@ try:
     from google.protobuf.message import DecodeError
     from onnx import external_data_helper, numpy_helper
 except ImportError as _err:  # pragma: no cover - onnx is a declared dependency
-    raise ImportError("verify.onnx_loader needs the 'onnx' package: pip install onnx") from _err
+    raise ImportError("verify.io.onnx_loader needs the 'onnx' package: pip install onnx") from _err
 
 from bounds.errors import (
     InvalidNetworkError,
@@ -52,11 +52,11 @@ from bounds.errors import (
     VerificationInputError,
 )
 from verify.errors import SpecificationError
-from verify.onnx_builder import GraphBuilder, Traced
-from verify.onnx_checks import MAX_ELEMENTS, node_label, nonfinite_where, unsupported
-from verify.onnx_fold import FOLDERS, fold
-from verify.onnx_ops import HANDLERS as AFFINE_HANDLERS
-from verify.onnx_shapes import HANDLERS as SHAPE_HANDLERS
+from verify.io.onnx_builder import GraphBuilder, Traced
+from verify.io.onnx_checks import MAX_ELEMENTS, node_label, nonfinite_where, unsupported
+from verify.io.onnx_fold import FOLDERS, fold
+from verify.io.onnx_ops import HANDLERS as AFFINE_HANDLERS
+from verify.io.onnx_shapes import HANDLERS as SHAPE_HANDLERS
 
 HANDLERS = {**AFFINE_HANDLERS, **SHAPE_HANDLERS}
 

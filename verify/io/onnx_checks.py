@@ -1,5 +1,5 @@
-"""Checks of ONNX nodes and their typed errors (used by `verify.onnx_loader`, `verify.onnx_fold`,
-`verify.onnx_ops` and `verify.onnx_shapes`): errors that name a node by name and op type
+"""Checks of ONNX nodes and their typed errors (used by `verify.io.onnx_loader`, `verify.io.onnx_fold`,
+`verify.io.onnx_ops` and `verify.io.onnx_shapes`): errors that name a node by name and op type
 (`unsupported`, `mismatch`, `invalid`), the lossless conversion of weights to float32
 (`float_weight`), NaN/Inf detection, the element cap `MAX_ELEMENTS`, and the window geometry
 of convolutions and pooling.
@@ -71,7 +71,7 @@ def check_elements(shape: Any, what: str = "the result") -> None:
 
 # ----------------------------------------------------------------------------- node checks
 # Typed errors naming the node, and the checks of weights and window geometry that the
-# translation (`verify.onnx_ops`) applies before it builds a module.
+# translation (`verify.io.onnx_ops`) applies before it builds a module.
 
 
 def node_label(node: onnx.NodeProto) -> str:

@@ -1,4 +1,4 @@
-"""Constant folding of ONNX nodes in numpy (used by `verify.onnx_loader`).
+"""Constant folding of ONNX nodes in numpy (used by `verify.io.onnx_loader`).
 
 A node whose inputs are all known at load time (initializers, `Constant` nodes, or the static
 shape of an activation fed to `Shape`) is evaluated here, so that e.g. the
@@ -6,9 +6,9 @@ shape of an activation fed to `Shape`) is evaluated here, so that e.g. the
 graph builder as a plain constant shape. Semantics follow the ONNX operator specification
 (https://onnx.ai/onnx/operators/); only the ops needed for shape and weight arithmetic are here.
 
-Also here, shared with the translation (`verify.onnx_ops`, `verify.onnx_shapes`): attribute
+Also here, shared with the translation (`verify.io.onnx_ops`, `verify.io.onnx_shapes`): attribute
 reading, axis normalisation and ONNX Reshape's shape rule. Result sizes are checked against
-`MAX_ELEMENTS` (`verify.onnx_checks`) before anything is allocated.
+`MAX_ELEMENTS` (`verify.io.onnx_checks`) before anything is allocated.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from verify.onnx_checks import check_elements
+from verify.io.onnx_checks import check_elements
 
 Attrs = dict[str, Any]
 Folder = Callable[[Attrs, list[Any]], np.ndarray]

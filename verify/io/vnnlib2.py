@@ -3,10 +3,10 @@
 VNN-LIB 2.0 declares the network and its tensors (``(vnnlib-version <2.0>)``,
 ``(declare-network N (declare-input X float32 [2,3]) (declare-output Y float32 [5]))``) and names
 tensor elements by index (``X[0,1]``). The package parses and type-checks the file; this module
-translates its syntax tree to the same :class:`verify.vnnlib.VnnlibProperty` as the 1.0 reader:
+translates its syntax tree to the same :class:`verify.io.vnnlib.VnnlibProperty` as the 1.0 reader:
 the input ``x`` and output ``y`` are the declared tensors flattened in row-major order (``X[i,j]``
 of shape ``[m, n]`` is ``x[i * n + j]``), the formula is brought to DNF with the 1.0 reader's
-code (same :data:`verify.vnnlib.MAX_TERMS` guard, same order of rows, strict comparisons read as
+code (same :data:`verify.io.vnnlib.MAX_TERMS` guard, same order of rows, strict comparisons read as
 non-strict, ``==`` as two inequalities), single-input bounds give the boxes and the other linear
 constraints the polytopes, and terms with the same box are grouped into one region.
 
@@ -32,7 +32,7 @@ import re
 import numpy as np
 
 from verify.errors import SpecificationError
-from verify.vnnlib import (
+from verify.io.vnnlib import (
     MAX_ENTRIES,
     VnnlibProperty,
     _Constraint,
@@ -44,7 +44,7 @@ from verify.vnnlib import (
     is_vnnlib2,
     read_text,
 )
-from verify.vnnlib import _conjoin as _conjoin_dnf
+from verify.io.vnnlib import _conjoin as _conjoin_dnf
 
 try:  # optional dependency: `load_vnnlib2` says so when it is missing
     import vnnlib as _pkg

@@ -1,6 +1,6 @@
-"""ONNX node -> torch.fx node translation (used by `verify.onnx_loader`): the affine layers
+"""ONNX node -> torch.fx node translation (used by `verify.io.onnx_loader`): the affine layers
 (Gemm, MatMul, Conv, BatchNormalization, AveragePool), Relu, reshapes and elementwise
-arithmetic; the shape and other linear ops are in `verify.onnx_shapes`.
+arithmetic; the shape and other linear ops are in `verify.io.onnx_shapes`.
 
 Every activation carries a batch-1 example tensor so that shapes are known while the graph is
 built. The fx module is batch-first: our batch axis is always the first one and is never mixed
@@ -30,8 +30,8 @@ import onnx
 import torch
 from torch import nn
 
-from verify.onnx_builder import GraphBuilder, Traced, Value, as_param, broadcast_operands
-from verify.onnx_checks import (
+from verify.io.onnx_builder import GraphBuilder, Traced, Value, as_param, broadcast_operands
+from verify.io.onnx_checks import (
     check_finite,
     check_size,
     float_weight,
@@ -42,7 +42,7 @@ from verify.onnx_checks import (
     symmetric_pads,
     unsupported,
 )
-from verify.onnx_fold import flatten_axis, node_attributes, normalize_axes, resolve_reshape
+from verify.io.onnx_fold import flatten_axis, node_attributes, normalize_axes, resolve_reshape
 
 BINARY_FUNCTIONS = {
     "Add": operator.add,
