@@ -60,6 +60,18 @@ class Graph:
         """The nonlinear nodes, in topological order."""
         return (n for n in self.nodes if isinstance(n.op, ActivationOp))
 
+    def consumers(self, name: str) -> tuple[Node, ...]:
+        """The nodes that take `name` as an input, in topological order."""
+        return self._consumers.get(name, ())
+
+    @cached_property
+    def _consumers(self) -> dict[str, tuple[Node, ...]]:
+        found: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in dict.fromkeys(node.inputs):
+                found.setdefault(name, []).append(node)
+        return {name: tuple(nodes) for name, nodes in found.items()}
+
     def pre_activation_names(self) -> list[str]:
         """Names of the nodes that feed an activation (whose bounds the relaxations need)."""
         return [n.inputs[0] for n in self.activations()]

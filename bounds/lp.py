@@ -101,7 +101,8 @@ def _relu_constraints(cp, node, var, pre_var, pre: Interval, b: int, integer: bo
     for slope, intercept in zip(cons.lower_slopes, cons.lower_intercepts):
         rows.append(var >= cp.multiply(_np(slope), pre_var) + _np(intercept))
     if not integer:
-        rows.append(var <= cp.multiply(_np(cons.upper_slope), pre_var) + _np(cons.upper_intercept))
+        for slope, intercept in zip(cons.upper_slopes, cons.upper_intercepts):
+            rows.append(var <= cp.multiply(_np(slope), pre_var) + _np(intercept))
         return rows
     # Big-M exact encoding: z = 1 iff the neuron is active.
     lo, up = _np(lower), _np(upper)

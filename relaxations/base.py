@@ -2,10 +2,26 @@
 
 A relaxation bounds `x = sigma(xh)` for `xh` in `[lower, upper]` (elementwise, plain tensors).
 It supplies
-- `linear_bounds(lower, upper, alpha)`: lines `a_l xh + b_l <= x <= a_u xh + b_u` (CROWN);
-- `argmin(coeff_pre, coeff_post, lower, upper)`: closed-form minimiser of
-  `coeff_pre * xh + coeff_post * x` over the relaxed set (the Lagrangian-decomposition oracle);
-- `constraints(lower, upper)`: the relaxed set as explicit linear inequalities (the LP).
+- `linear_bounds(lower, upper, params)`: one lower and one upper line per neuron,
+  `a_l xh + b_l <= x <= a_u xh + b_u` (the lines a CROWN backward pass uses), chosen by the
+  relaxation's own optimisable `params` (alpha-CROWN optimises them);
+- `default_params(lower, upper)` and `project(params)`: the parameters' starting point and
+  their projection onto the feasible set. Parameters have shape `[*lower.shape, *param_shape]`
+  (callers may add leading dimensions, e.g. one copy per specification) and must be
+  normalised so that `project` needs no bounds (ReLU's slope in [0, 1]; an S-shape's tangent
+  points as fractions of `[lower, upper]`); `linear_bounds` projects whatever it is given, so
+  its lines are valid for any input;
+- `needs_refinement(lower, upper)`: the neurons whose relaxation is not exact (CROWN tightens
+  the bounds of those only);
+- `constraints(lower, upper)`: the relaxed set as any number of lower and upper lines (the LP);
+- `argmin(coeff_pre, coeff_post, lower, upper)`: the minimiser of `coeff_pre * xh + coeff_post *
+  x` over that set (the Lagrangian-decomposition oracle). The set is a polygon in the plane
+  `(xh, x)`, so the minimum is at a vertex: `polygon_argmin` finds it for any relaxation;
+  a relaxation may write a faster closed form;
+- `pieces`: the function as linear pieces on fixed intervals, for the exact MILP (None when
+  it is not piecewise linear);
+- traits: `convex`, `monotone`, `split_at_zero` (exact on each side of `xh = 0`: ReLU splitting
+  applies) and `fused` (the name of a fused kernel family computing its oracle, or None).
 This package imports nothing of ours, so `bounds` can build on it.
 """
 
@@ -30,16 +46,36 @@ class LinearBounds:
 
 @dataclass(frozen=True)
 class LinearConstraints:
-    """The relaxed set as inequalities, each over `(xh, x)` elementwise:
+    """The relaxed set as inequalities, each over `(xh, x)` elementwise, stacked on dim 0:
 
-    `x >= slope_k * xh + intercept_k` for each k in `lower_*` (stacked on dim 0), and
-    `x <= upper_slope * xh + upper_intercept`. Together with `lower <= xh <= upper`.
+    `x >= lower_slopes[k] * xh + lower_intercepts[k]` for each k, and
+    `x <= upper_slopes[k] * xh + upper_intercepts[k]` for each k; with `lower <= xh <= upper`.
     """
 
     lower_slopes: Tensor
     lower_intercepts: Tensor
-    upper_slope: Tensor
-    upper_intercept: Tensor
+    upper_slopes: Tensor
+    upper_intercepts: Tensor
+
+    def lower_envelope(self, xh: Tensor) -> Tensor:
+        """`max_k lower line k` at `xh` `[V, *shape]` (V points per neuron), `[V, *shape]`."""
+        lines = self.lower_slopes.unsqueeze(1) * xh + self.lower_intercepts.unsqueeze(1)
+        return lines.amax(0)
+
+    def upper_envelope(self, xh: Tensor) -> Tensor:
+        """`min_k upper line k` at `xh` `[V, *shape]`, `[V, *shape]`."""
+        lines = self.upper_slopes.unsqueeze(1) * xh + self.upper_intercepts.unsqueeze(1)
+        return lines.amin(0)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """`sigma(xh) = slope * xh + intercept` for `start <= xh <= end` (constants; +-inf allowed)."""
+
+    start: float
+    end: float
+    slope: float
+    intercept: float
 
 
 class Relaxation(Protocol):
@@ -48,16 +84,24 @@ class Relaxation(Protocol):
     name: str
     convex: bool
     monotone: bool
+    split_at_zero: bool
+    fused: str | None
+    param_shape: tuple[int, ...]
+    pieces: tuple[Piece, ...] | None
 
     def forward(self, xh: Tensor) -> Tensor: ...
 
     def interval(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]: ...
 
-    def default_alpha(self, lower: Tensor, upper: Tensor) -> Tensor: ...
+    def default_params(self, lower: Tensor, upper: Tensor) -> Tensor: ...
+
+    def project(self, params: Tensor) -> Tensor: ...
 
     def linear_bounds(
-        self, lower: Tensor, upper: Tensor, alpha: Tensor | None = None
+        self, lower: Tensor, upper: Tensor, params: Tensor | None = None
     ) -> LinearBounds: ...
+
+    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor: ...
 
     def argmin(
         self, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
@@ -66,26 +110,95 @@ class Relaxation(Protocol):
     def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints: ...
 
 
-_REGISTRY: dict[str, Relaxation] = {}
+_REGISTRY: dict[str, type] = {}
 
 
 def register(name: str):
-    """Class decorator: instantiate and register a relaxation under `name`."""
+    """Class decorator: register a relaxation class under `name`; `get_relaxation(name,
+    **options)` instantiates it (options are the function's constants: a leaky slope, clip
+    limits, an exponent)."""
 
     def wrap(cls):
-        _REGISTRY[name] = cls()
+        _REGISTRY[name] = cls
         return cls
 
     return wrap
 
 
-def get_relaxation(name: str) -> Relaxation:
-    """The registered relaxation called `name` (KeyError with the known names otherwise)."""
+def get_relaxation(name: str, **options) -> Relaxation:
+    """The relaxation called `name` for the given constants (KeyError with the known names for
+    an unknown one; ValueError for options it does not take or rejects)."""
     try:
-        return _REGISTRY[name]
+        cls = _REGISTRY[name]
     except KeyError:
         raise KeyError(f"no relaxation {name!r}; known: {sorted(_REGISTRY)}") from None
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"relaxation {name!r} does not take options {sorted(options)}") from exc
 
 
-def as_tensor_like(value: float, like: Tensor) -> Tensor:
-    return torch.full_like(like, value)
+def registered() -> tuple[str, ...]:
+    """Names of every registered relaxation."""
+    return tuple(sorted(_REGISTRY))
+
+
+def _crossings(slopes_a: Tensor, icpt_a: Tensor, slopes_b: Tensor, icpt_b: Tensor) -> Tensor:
+    """`xh` where line i of a meets line j of b, `[Ka * Kb, *shape]` (nan where parallel)."""
+    ds = slopes_a.unsqueeze(1) - slopes_b.unsqueeze(0)
+    di = icpt_b.unsqueeze(0) - icpt_a.unsqueeze(1)
+    xh = torch.where(ds != 0, di / torch.where(ds != 0, ds, torch.ones_like(ds)), torch.nan)
+    return xh.flatten(0, 1)
+
+
+def polygon_vertices(
+    cons: LinearConstraints, lower: Tensor, upper: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Candidate vertices `(xh, x, feasible)` of the relaxed set, each `[V, *shape]`: both
+    envelopes at both ends of `[lower, upper]`, and both envelopes at every crossing of two
+    lines inside it. Every vertex of the polygon is among the feasible candidates (a vertex is
+    an end of the box on an envelope, a kink of an envelope, or where the envelopes meet)."""
+    lines_s = torch.cat([cons.lower_slopes, cons.upper_slopes])
+    lines_i = torch.cat([cons.lower_intercepts, cons.upper_intercepts])
+    lines_s, lines_i = torch.broadcast_tensors(lines_s, lines_i)
+    shape = torch.broadcast_shapes(lower.shape, lines_s.shape[1:])
+    ends = torch.stack([lower.expand(shape), upper.expand(shape)])
+    cross = _crossings(lines_s, lines_i, lines_s, lines_i)
+    inside = (cross >= lower) & (cross <= upper)
+    xh = torch.cat([ends, torch.where(inside, cross, lower.expand(shape))])
+    low, up = cons.lower_envelope(xh), cons.upper_envelope(xh)
+    feasible = low <= up + 1e-9 * (1 + low.abs() + up.abs())
+    feasible = feasible & torch.cat([torch.ones_like(ends, dtype=torch.bool), inside])
+    return torch.cat([xh, xh]), torch.cat([low, up]), torch.cat([feasible, feasible])
+
+
+def polygon_argmin(
+    cons: LinearConstraints, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Minimiser `(xh, x)` of `coeff_pre * xh + coeff_post * x` over the polygon `cons` on
+    `[lower, upper]` (Bunel, De Palma et al., UAI 2020, Sec. 3: the subproblem is linear over a
+    2-D convex set, so a vertex attains the minimum); shapes broadcast as the inputs do."""
+    xh, x, feasible = polygon_vertices(cons, lower, upper)
+    value = coeff_pre.unsqueeze(0) * xh + coeff_post.unsqueeze(0) * x
+    value = torch.where(feasible, value, torch.inf)
+    best = value.argmin(0, keepdim=True)
+    full = torch.broadcast_shapes(value.shape, xh.shape)
+    pick = best.expand(1, *full[1:])
+    return xh.expand(full).gather(0, pick)[0], x.expand(full).gather(0, pick)[0]
+
+
+def tangent(f, df, point: Tensor) -> tuple[Tensor, Tensor]:
+    """Slope and intercept of the tangent of `f` at `point`."""
+    slope = df(point)
+    return slope, f(point) - slope * point
+
+
+def secant(f, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
+    """Slope and intercept of the chord of `f` over `[lower, upper]` (the tangent's slope
+    `f'` is not known here: where `upper - lower` is tiny the slope is 0 and the line passes
+    through `f(lower)`; callers widen intercepts to stay valid)."""
+    width = upper - lower
+    wide = width > 0
+    safe = torch.where(wide, width, torch.ones_like(width))
+    slope = torch.where(wide, (f(upper) - f(lower)) / safe, torch.zeros_like(width))
+    return slope, f(lower) - slope * lower

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, register
+from relaxations.base import LinearBounds, LinearConstraints, Piece, register
 
 
 def neuron_status(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -40,6 +40,10 @@ class ReluRelaxation:
     name = "relu"
     convex = True
     monotone = True
+    split_at_zero = True
+    fused = "planet"  # kernels.prox_relu_block
+    param_shape = ()  # the lower slope alpha
+    pieces = (Piece(-torch.inf, 0.0, 0.0, 0.0), Piece(0.0, torch.inf, 1.0, 0.0))
 
     def forward(self, xh: Tensor) -> Tensor:
         return torch.relu(xh)
@@ -47,23 +51,31 @@ class ReluRelaxation:
     def interval(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
         return torch.relu(lower), torch.relu(upper)
 
-    def default_alpha(self, lower: Tensor, upper: Tensor) -> Tensor:
+    def default_params(self, lower: Tensor, upper: Tensor) -> Tensor:
         """CROWN's adaptive lower slope: 1 where `u > -l`, else 0."""
         return (upper > -lower).to(lower.dtype)
 
-    def linear_bounds(
-        self, lower: Tensor, upper: Tensor, alpha: Tensor | None = None
-    ) -> LinearBounds:
-        """Lines valid on `[lower, upper]`; `alpha` (clamped to [0, 1]) is the ambiguous lower slope.
+    def project(self, params: Tensor) -> Tensor:
+        """Lower slopes onto [0, 1]."""
+        return params.clamp(0.0, 1.0)
 
-        `alpha` may carry extra leading dimensions (e.g. one slope per specification); the
+    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor:
+        """The ambiguous neurons (`l < 0 < u`)."""
+        return neuron_status(lower, upper)[2]
+
+    def linear_bounds(
+        self, lower: Tensor, upper: Tensor, params: Tensor | None = None
+    ) -> LinearBounds:
+        """Lines valid on `[lower, upper]`; `params` (clamped to [0, 1]) is the ambiguous lower
+        slope `alpha`.
+
+        `params` may carry extra leading dimensions (e.g. one slope per specification); the
         result then broadcasts against it.
         """
         passing, _, ambiguous = neuron_status(lower, upper)
         up_slope, up_intercept = upper_line(lower, upper)
-        if alpha is None:
-            alpha = self.default_alpha(lower, upper)
-        alpha = alpha.clamp(0.0, 1.0)
+        alpha = self.default_params(lower, upper) if params is None else params
+        alpha = self.project(alpha)
         low_slope = torch.where(ambiguous, alpha, passing.to(alpha.dtype))
         zeros = torch.zeros_like(up_intercept)
         return LinearBounds(low_slope, zeros, up_slope, up_intercept)
@@ -104,6 +116,6 @@ class ReluRelaxation:
         return LinearConstraints(
             lower_slopes=torch.stack([first, second]),
             lower_intercepts=torch.stack([zeros, zeros]),
-            upper_slope=up_slope,
-            upper_intercept=up_intercept,
+            upper_slopes=up_slope.unsqueeze(0),
+            upper_intercepts=up_intercept.unsqueeze(0),
         )

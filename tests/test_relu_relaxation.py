@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from relaxations import get_relaxation
+from relaxations.base import polygon_argmin
+from tests.relaxation_checks import check_all, check_methods_sound, random_boxes
 
 D = torch.float64
 relu = get_relaxation("relu")
@@ -75,7 +77,8 @@ def test_argmin_is_the_minimum_over_the_relaxed_set():
     assert ((xh_star >= lower - 1e-12) & (xh_star <= upper + 1e-12)).all()
     for s, t in zip(cons.lower_slopes, cons.lower_intercepts):
         assert (x_star >= s * xh_star + t - 1e-12).all()
-    assert (x_star <= cons.upper_slope * xh_star + cons.upper_intercept + 1e-12).all()
+    for s, t in zip(cons.upper_slopes, cons.upper_intercepts):
+        assert (x_star <= s * xh_star + t + 1e-12).all()
 
 
 def test_constraints_contain_the_relu_graph():
@@ -85,4 +88,29 @@ def test_constraints_contain_the_relu_graph():
     cons = relu.constraints(lower, upper)
     for s, t in zip(cons.lower_slopes, cons.lower_intercepts):
         assert (x >= s * xh + t - 1e-12).all()
-    assert (x <= cons.upper_slope * xh + cons.upper_intercept + 1e-12).all()
+    for s, t in zip(cons.upper_slopes, cons.upper_intercepts):
+        assert (x <= s * xh + t + 1e-12).all()
+
+
+def test_protocol_checks():
+    lower, upper = random_boxes(special=((0.0, 0.0), (-1.0, 0.0), (0.0, 2.0), (-3.0, -1.0)))
+    check_all(relu, lower, upper)
+
+
+def test_generic_polygon_argmin_matches_the_closed_form():
+    lower, upper = _boxes()
+    gen = torch.Generator().manual_seed(3)
+    cp, cq = torch.randn(2, lower.numel(), generator=gen, dtype=D)
+    xh, x = relu.argmin(cp, cq, lower, upper)
+    gxh, gx = polygon_argmin(relu.constraints(lower, upper), cp, cq, lower, upper)
+    torch.testing.assert_close(cp * gxh + cq * gx, cp * xh + cq * x)
+
+
+def test_needs_refinement_is_the_ambiguous_set():
+    lower = torch.tensor([-1.0, 0.0, -2.0, 0.5], dtype=D)
+    upper = torch.tensor([1.0, 1.0, 0.0, 0.5], dtype=D)
+    assert relu.needs_refinement(lower, upper).tolist() == [True, False, False, False]
+
+
+def test_methods_sound_on_a_relu_graph():
+    check_methods_sound(relu, methods=("ibp", "crown", "alpha-crown", "lp"))

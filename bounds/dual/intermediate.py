@@ -32,7 +32,7 @@ def _tighten_layer(
 ) -> Interval:  # fmt: skip
     """LD bounds of the ambiguous neurons of hidden layer k (`xh_k`, k >= 2)."""
     name = net.pre_names[k - 1]
-    index = unstable_indices(intervals[name])
+    index = unstable_indices(graph, name, intervals[name])
     current = intervals[name]
     if not index.numel():
         return current

@@ -109,8 +109,8 @@ def _block_step(
     kernels run (CUDA tensors, see `kernels.backend`), ReLU blocks use the fused kernels of
     `kernels.prox_relu_block`; elsewhere the generic oracle (same maths, fewer calls: faster
     in eager CPU mode than the kernels' torch references)."""
-    relu = j == 0 or p.net.relaxations[j - 1].name == "relu"
-    if relu and kernel_backend.use_triton(state.xhA[j]):
+    fused = j == 0 or p.net.relaxations[j - 1].fused == "planet"
+    if fused and kernel_backend.use_triton(state.xhA[j]):
         return _relu_block_step(p, state, eta, j)
     return _generic_block_step(p, state, eta, j)
 

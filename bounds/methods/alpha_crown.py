@@ -1,6 +1,8 @@
-"""alpha-CROWN: CROWN with optimised lower slopes (Xu et al., ICLR 2021, "Fast and Complete").
+"""alpha-CROWN: CROWN with optimised relaxations (Xu et al., ICLR 2021, "Fast and Complete").
 
-Every (start node, activation) pair has its own slopes `alpha` in [0, 1], one per spec and
+Every (start node, activation) pair has its own relaxation parameters `alpha` (the
+relaxation's own, `Relaxation.default_params` / `project`: ReLU's lower slopes in [0, 1], an
+S-shape's tangent points; called slopes below), one per spec and
 neuron: the final specs, and the `+-e_j` specs of each ambiguous pre-activation neuron when
 `optimize_intermediate` is set. Adam ascends the sum of the final lower bounds; intermediate
 bounds are recomputed each iteration and intersected with CROWN's, so they are never looser.
@@ -14,6 +16,7 @@ CROWN's intervals for the neurons left (valid), so a call ends within a chunk of
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -88,18 +91,19 @@ class AlphaState(NamedTuple):
 
 def adam_ascent(
     params: tuple[Tensor, ...], grads: tuple[Tensor, ...], m: tuple[Tensor, ...],
-    v: tuple[Tensor, ...], t: Tensor, lr: Tensor,
+    v: tuple[Tensor, ...], t: Tensor, lr: Tensor, projections: tuple[Callable, ...],
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], Tensor]:  # fmt: skip
-    """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, projected
-    onto [0, 1]; returns `(params, m, v, t)`. Written out (no torch.optim, whose import of
-    torch._dynamo costs seconds per process) and pure, so it compiles with the step."""
+    """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, each
+    parameter then projected by its own `projections[i]` (its relaxation's `project`); returns
+    `(params, m, v, t)`. Written out (no torch.optim, whose import of torch._dynamo costs
+    seconds per process) and pure, so it compiles with the step."""
     t = t + 1
     c1, c2 = 1 - 0.9**t, 1 - 0.999**t
     m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(m, grads))
     v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(v, grads))
     new = tuple(
-        (p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8)).clamp(0.0, 1.0)
-        for p, m_i, v_i in zip(params, m, v)
+        project(p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8))
+        for p, m_i, v_i, project in zip(params, m, v, projections)
     )
     return new, m, v, t
 
@@ -121,6 +125,11 @@ class _Problem:
         out = self.graph.output.name
         return tuple(i for i, (start, _) in enumerate(self.keys) if start == out)
 
+    @property
+    def projections(self) -> tuple[Callable, ...]:
+        """The `project` of the relaxation of each slope tensor, in `keys` order."""
+        return tuple(self.graph[act].op.relaxation.project for _, act in self.keys)
+
 
 def _activations_before(graph: Graph, start: str) -> list[str]:
     ancestors = graph.ancestors(start)
@@ -136,7 +145,7 @@ def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     for start, spec_dims in starts.items():
         for act in _activations_before(p.graph, start):
             pre = p.base[p.graph[act].inputs[0]]
-            alpha = p.graph[act].op.relaxation.default_alpha(pre.lower, pre.upper)
+            alpha = p.graph[act].op.relaxation.default_params(pre.lower, pre.upper)
             view = alpha.reshape(alpha.shape[0], *([1] * len(spec_dims)), *alpha.shape[1:])
             full = view.expand(alpha.shape[0], *spec_dims, *alpha.shape[1:]).clone()
             alphas[start, act] = full.requires_grad_(True)
@@ -234,7 +243,9 @@ def alpha_step(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
     kept = _kept(p, state, result, lower, upper)
     if grads is None:  # out of time (eager only): the same slopes, which ends the loop
         return kept
-    alphas, m, v, t = adam_ascent(state.alphas, grads, state.m, state.v, state.t, lr)
+    alphas, m, v, t = adam_ascent(
+        state.alphas, grads, state.m, state.v, state.t, lr, p.projections
+    )
     return AlphaState(alphas, m, v, t, *kept[4:])
 
 
@@ -261,7 +272,7 @@ def _initial_state(p: _Problem, alphas: dict) -> AlphaState:
 
 def _with_slopes(p: _Problem, alphas: dict, slopes: dict[str, Tensor] | None) -> dict:
     """`alphas` with the output's slopes replaced by `slopes` (`{activation: [B, 2S, *shape]}`,
-    clamped to [0, 1]); each must match the default's shape."""
+    projected by the activation's relaxation); each must match the default's shape."""
     out = p.graph.output.name
     for act, given in (slopes or {}).items():
         if (out, act) not in alphas:
@@ -271,7 +282,7 @@ def _with_slopes(p: _Problem, alphas: dict, slopes: dict[str, Tensor] | None) ->
             raise ValueError(
                 f"init_slopes[{act!r}] has shape {tuple(given.shape)}, need {tuple(default.shape)}"
             )
-        value = given.detach().to(default).clamp(0.0, 1.0)
+        value = p.graph[act].op.relaxation.project(given.detach().to(default))
         alphas[out, act] = value.clone().requires_grad_(True)
     return alphas
 
@@ -314,7 +325,7 @@ def alpha_crown(
     targets = {}
     if config.optimize_intermediate and not passed(stop_at):  # past it: the output's slopes only
         for name in needs_crown(graph):
-            index = unstable_indices(base[name])
+            index = unstable_indices(graph, name, base[name])
             if index.numel():
                 targets[name] = index
     batch = box.lower.shape[0]

@@ -26,11 +26,13 @@ intervals and splits per pre-activation node `[N, *shape]`; `alpha`, `beta` per 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
 from bounds.methods.crown import backward_pass, relax_backward
 from bounds.methods.pacing import Pacer
@@ -86,12 +88,15 @@ class SplitResult:
 
 
 def relu_nodes(graph: Graph) -> list[tuple[str, str]]:
-    """`(activation, pre-activation)` node names in topological order; only ReLU networks are
-    supported by split bounds."""
+    """`(activation, pre-activation)` node names in topological order. Split bounds need every
+    activation to be exact on each side of `xh = 0` (`Relaxation.split_at_zero`: ReLU-like);
+    UnsupportedOperationError naming the first that is not."""
     pairs = []
     for node in graph.activations():
-        if node.op.relaxation.name != "relu":
-            raise NotImplementedError(f"ReLU splitting needs ReLU activations, got {node.name!r}")
+        if not node.op.relaxation.split_at_zero:
+            raise UnsupportedOperationError(
+                node.op.relaxation.name, node.name, "splitting at 0 does not make it exact"
+            )
         pairs.append((node.name, node.inputs[0]))
     return pairs
 
@@ -152,17 +157,17 @@ def default_alpha(graph: Graph, intervals: dict[str, Interval], specs: int) -> d
     out = {}
     for act, pre in relu_nodes(graph):
         iv = intervals[pre]
-        alpha = graph[act].op.relaxation.default_alpha(iv.lower, iv.upper).unsqueeze(1)
+        alpha = graph[act].op.relaxation.default_params(iv.lower, iv.upper).unsqueeze(1)
         out[act] = alpha.expand(alpha.shape[0], specs, *alpha.shape[2:]).clone()
     return out
 
 
 class _Adam:
     """Adam (Kingma and Ba, 2015; betas 0.9, 0.999) on a list of tensors, each with its own
-    step and projection (alpha onto [0, 1], beta onto [0, inf))."""
+    step and projection (alpha: its relaxation's `project`; beta onto [0, inf))."""
 
-    def __init__(self, params: list[Tensor], lrs: list[float], highs: list[float | None]):
-        self.params, self.lrs, self.highs = params, lrs, highs
+    def __init__(self, params: list[Tensor], lrs: list[float], projections: list[Callable]):
+        self.params, self.lrs, self.projections = params, lrs, projections
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
         self.t = 0
@@ -172,10 +177,12 @@ class _Adam:
         """Descent on the loss (ascent on the bound), then projection."""
         self.t += 1
         c1, c2 = 1 - 0.9**self.t, 1 - 0.999**self.t
-        for p, g, m, v, lr, high in zip(self.params, grads, self.m, self.v, self.lrs, self.highs):
+        for p, g, m, v, lr, project in zip(
+            self.params, grads, self.m, self.v, self.lrs, self.projections
+        ):
             m.mul_(0.9).add_(g, alpha=0.1)
             v.mul_(0.999).addcmul_(g, g, value=0.001)
-            p.sub_(lr * (m / c1) / ((v / c2).sqrt() + 1e-8)).clamp_(0.0, high)
+            p.copy_(project(p - lr * (m / c1) / ((v / c2).sqrt() + 1e-8)))
 
 
 def optimise(
@@ -204,7 +211,8 @@ def optimise(
     beta = {k: v.detach().clone().requires_grad_(True) for k, v in beta.items()}
     params = list(alpha.values()) + list(beta.values())
     lrs = [config.lr_alpha] * len(alpha) + [config.lr_beta] * len(beta)
-    adam = _Adam(params, lrs, [1.0] * len(alpha) + [None] * len(beta))
+    projections = [graph[act].op.relaxation.project for act in alpha]
+    adam = _Adam(params, lrs, projections + [_nonnegative] * len(beta))
     best, last_check, it, pacer = None, None, 0, Pacer(deadline)
     kept: tuple[dict, dict] | None = None
     for it in range(config.iterations + 1):
@@ -230,6 +238,10 @@ def optimise(
     best_alpha, best_beta = kept if kept is not None else (None, None)
     return SplitResult(best, _detached(alpha), _detached(beta), _detached_pass(last), it,
                        best_alpha, best_beta)  # fmt: skip
+
+
+def _nonnegative(beta: Tensor) -> Tensor:
+    return beta.clamp(min=0.0)
 
 
 def _keep_best(kept, value: Tensor, best: Tensor | None, alpha: dict, beta: dict):

@@ -19,7 +19,7 @@ from bounds.graph import Graph, Node
 from bounds.methods.pacing import passed
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
-from relaxations import LinearBounds, neuron_status
+from relaxations import LinearBounds
 
 # Largest functional (batch x specs x elements of a node) processed at once: 2^25 floats.
 MAX_FUNCTIONAL_ELEMENTS = 1 << 25
@@ -90,10 +90,14 @@ def backward_pass(
     return total, input_coeff
 
 
-def unstable_indices(bounds: Interval) -> Tensor:
-    """Flat indices of neurons ambiguous (`l < 0 < u`) in any batch element."""
-    _, _, ambiguous = neuron_status(bounds.lower, bounds.upper)
-    return ambiguous.flatten(1).any(0).nonzero().flatten()
+def unstable_indices(graph: Graph, name: str, bounds: Interval) -> Tensor:
+    """Flat indices of the neurons of node `name` (with intervals `bounds`) whose relaxation in
+    some activation it feeds is not exact (`Relaxation.needs_refinement`), in any batch element."""
+    mask = torch.zeros_like(bounds.lower, dtype=torch.bool)
+    for act in graph.consumers(name):
+        if isinstance(act.op, ActivationOp):
+            mask = mask | act.op.relaxation.needs_refinement(bounds.lower, bounds.upper)
+    return mask.flatten(1).any(0).nonzero().flatten()
 
 
 def unit_functionals(index: Tensor, shape: tuple[int, ...], batch: int, like: Tensor) -> Tensor:
@@ -243,7 +247,7 @@ def crown_intervals(
         if node.name in given:
             iv = iv.intersect(given[node.name])
         if node.name in targets and not passed(deadline):
-            index = unstable_indices(iv)
+            index = unstable_indices(graph, node.name, iv)
             if every_neuron:
                 index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
             if index.numel():
