@@ -5,6 +5,8 @@ degenerate cases), and adds whatever is specific to it."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
@@ -178,7 +180,7 @@ def activation_graph(
 
     gen = torch.Generator().manual_seed(seed)
     nodes, last = [Node("input", None, (), (sizes[0],))], "input"
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         weight = torch.randn(n_out, n_in, generator=gen, dtype=D) * scale / n_in**0.5
         bias = torch.randn(n_out, generator=gen, dtype=D) * 0.5
         nodes.append(Node(f"linear{i}", LinearOp(weight, bias), (last,), (n_out,)))
