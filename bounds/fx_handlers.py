@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from bounds import fx_activations as activations
 from bounds import fx_shapes as shapes
 from bounds.errors import InvalidNetworkError
 from bounds.fx_common import (
@@ -33,7 +34,6 @@ from bounds.fx_common import (
     unsupported,
 )
 from bounds.ops import (
-    ActivationOp,
     ConvOp,
     LinearOp,
     ReshapeOp,
@@ -41,14 +41,6 @@ from bounds.ops import (
     avg_pool_as_conv,
 )
 from bounds.ops.compose import fold_affine_chains
-from relaxations import get_relaxation
-
-# --- activations -----------------------------------------------------------------------------
-
-
-def _relu(b: Builder, node: str, x: Act, inplace: bool = False) -> Act:
-    return b.add(node, ActivationOp(get_relaxation("relu"), x.shape), [x])
-
 
 # --- elementwise arithmetic -------------------------------------------------------------------
 
@@ -204,8 +196,9 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
             raise unsupported("Conv2d", node, f"padding_mode={mod.padding_mode!r}")
         return _conv(b, node, x, mod.weight, mod.bias, mod.stride, mod.padding, mod.dilation,
                      mod.groups)  # fmt: skip
-    if isinstance(mod, nn.ReLU):
-        return _relu(b, node, x)
+    spec = activations.module_spec(mod)
+    if spec is not None:
+        return activations.activation(b, node, spec, x, mod)
     if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
         return _batch_norm(b, node, x, mod)
     if isinstance(mod, nn.AvgPool2d):
@@ -230,8 +223,7 @@ _RESHAPES = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze}
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
 
 _FUNCTIONS: dict[Any, Callable[..., Act]] = {
-    torch.relu: _relu,
-    F.relu: _relu,
+    **{fn: activations.function_handler(spec) for fn, spec in activations.FUNCTIONS.items()},
     operator.add: _arith("add"),
     torch.add: _arith("add"),
     operator.sub: _arith("sub"),
@@ -269,7 +261,7 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
 }
 
 _METHODS: dict[str, Callable[..., Act]] = {
-    "relu": _relu,
+    **{name: activations.function_handler(spec) for name, spec in activations.METHODS.items()},
     "add": _arith("add"),
     "sub": _arith("sub"),
     "mul": _arith("mul"),
