@@ -9,6 +9,7 @@ or raises ValueError for constants we cannot bound (reported as unsupported at t
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -35,17 +36,70 @@ def _module(*attributes: str) -> Options:
     return lambda module: {name: getattr(module, name) for name in attributes}
 
 
+def _leaky(negative_slope: float = 0.01, inplace: bool = False) -> dict[str, Any]:
+    return {"negative_slope": float(negative_slope)}
+
+
+def _hardtanh(min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> dict:
+    return {"min": float(min_val), "max": float(max_val)}
+
+
+def _clamp(min: Any = None, max: Any = None) -> dict[str, Any]:
+    """Constant limits only (a missing one is infinite)."""
+    for value in (min, max):
+        if value is not None and not isinstance(value, (int, float)):
+            raise ValueError("clamp limits must be constants (numbers)")
+    low = -float("inf") if min is None else float(min)
+    return {"min": low, "max": float("inf") if max is None else float(max)}
+
+
+def _exponent(exponent: Any) -> dict[str, Any]:
+    """A constant integer exponent (the relaxation refuses the affine 0 and 1)."""
+    if isinstance(exponent, torch.Tensor) and exponent.numel() == 1:
+        exponent = exponent.item()
+    if not isinstance(exponent, (int, float)) or float(exponent) != int(exponent):
+        raise ValueError(f"the exponent must be a constant integer, got {exponent!r}")
+    return {"exponent": int(exponent)}
+
+
+def _square() -> dict[str, Any]:
+    return {"exponent": 2}
+
+
+_SIMPLE = ("sigmoid", "tanh", "abs", "sign", "floor", "exp", "reciprocal", "sin", "cos")
+
 FUNCTIONS: dict[Any, tuple[str, Options]] = {
     torch.relu: ("relu", _plain),
     F.relu: ("relu", _plain),
+    **{getattr(torch, name): (name, _plain) for name in _SIMPLE},
+    F.sigmoid: ("sigmoid", _plain),
+    F.tanh: ("tanh", _plain),
+    F.leaky_relu: ("leaky_relu", _leaky),
+    F.hardtanh: ("hardtanh", _hardtanh),
+    F.relu6: ("hardtanh", lambda inplace=False: {"min": 0.0, "max": 6.0}),
+    torch.clamp: ("hardtanh", _clamp),
+    torch.clip: ("hardtanh", _clamp),
+    torch.pow: ("pow", _exponent),
+    operator.pow: ("pow", _exponent),
+    torch.square: ("pow", _square),
 }
 
 METHODS: dict[str, tuple[str, Options]] = {
     "relu": ("relu", _plain),
+    **{name: (name, _plain) for name in _SIMPLE},
+    "clamp": ("hardtanh", _clamp),
+    "clip": ("hardtanh", _clamp),
+    "pow": ("pow", _exponent),
+    "square": ("pow", _square),
 }
 
 MODULES: dict[type, tuple[str, Options]] = {
     nn.ReLU: ("relu", lambda module: {}),
+    nn.Sigmoid: ("sigmoid", lambda module: {}),
+    nn.Tanh: ("tanh", lambda module: {}),
+    nn.LeakyReLU: ("leaky_relu", _module("negative_slope")),
+    nn.Hardtanh: ("hardtanh", lambda m: {"min": float(m.min_val), "max": float(m.max_val)}),
+    nn.ReLU6: ("hardtanh", lambda module: {"min": 0.0, "max": 6.0}),
 }
 
 

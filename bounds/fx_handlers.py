@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from bounds import fx_activations as activations
+from bounds import fx_nonlinear as products
 from bounds import fx_shapes as shapes
 from bounds.errors import InvalidNetworkError
 from bounds.fx_common import (
@@ -50,8 +51,10 @@ def _arith(kind: str) -> Callable[..., Act]:
         if kwargs.get("alpha", 1) != 1:
             raise unsupported(kind, node, "alpha != 1")
         if isinstance(lhs, Act) and isinstance(rhs, Act):
-            if kind not in ("add", "sub"):
-                raise unsupported(kind, node, "product or quotient of two activations")
+            if kind == "mul":
+                return products.product(b, node, lhs, rhs)
+            if kind == "div":
+                return products.quotient(b, node, lhs, rhs)
             return _sum_of_acts(b, node, kind, lhs, rhs)
         if isinstance(lhs, Act):
             if kind == "add":
@@ -83,6 +86,12 @@ def _sum_of_acts(b: Builder, node: str, kind: str, lhs: Act, rhs: Act) -> Act:
     target = tuple(out[1:])
     lhs, rhs = (expand_to(b, f"{node}_{k}", a, target) for k, a in enumerate((lhs, rhs)))
     return b.add(node, SumOp(target, (1.0, 1.0 if kind == "add" else -1.0)), [lhs, rhs])
+
+
+def _matmul(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
+    if isinstance(lhs, Act) and isinstance(rhs, Act):
+        return products.matmul(b, node, lhs, rhs)
+    return shapes.matmul(b, node, lhs, rhs)
 
 
 def _neg(b: Builder, node: str, x: Act) -> Act:
@@ -201,6 +210,10 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
         return activations.activation(b, node, spec, x, mod)
     if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
         return _batch_norm(b, node, x, mod)
+    if isinstance(mod, nn.MaxPool2d):
+        return products.max_pool_module(b, node, x, mod)
+    if isinstance(mod, nn.Softmax):
+        return products.softmax_module(b, node, x, mod)
     if isinstance(mod, nn.AvgPool2d):
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
@@ -235,10 +248,15 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     operator.neg: _neg,
     torch.neg: _neg,
     F.linear: _linear,
-    torch.matmul: shapes.matmul,
-    operator.matmul: shapes.matmul,
+    torch.matmul: _matmul,
+    operator.matmul: _matmul,
     F.conv2d: _conv,
     F.avg_pool2d: _avg_pool,
+    F.max_pool2d: products.max_pool2d,
+    torch.maximum: products.binary("maximum"),
+    F.softmax: products.softmax,
+    torch.softmax: products.softmax,
+    torch.minimum: products.binary("minimum"),
     F.dropout: _dropout,
     operator.getitem: shapes.getitem,
     torch.index_select: shapes.index_select,
@@ -267,7 +285,8 @@ _METHODS: dict[str, Callable[..., Act]] = {
     "mul": _arith("mul"),
     "div": _arith("div"),
     "neg": _neg,
-    "matmul": shapes.matmul,
+    "matmul": _matmul,
+    "softmax": products.softmax,
     "index_select": shapes.index_select,
     "split": shapes.split,
     "chunk": shapes.chunk,

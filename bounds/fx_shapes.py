@@ -268,7 +268,7 @@ def matmul_const(
 
 def matmul(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
     if isinstance(lhs, Act) and isinstance(rhs, Act):
-        raise _unsupported("matmul", node, "product of two activations")
+        raise _unsupported("matmul", node, "product of two activations (bounds.fx_nonlinear)")
     if isinstance(lhs, Act):
         return matmul_const(b, node, lhs, rhs, right=True)
     return matmul_const(b, node, rhs, lhs, right=False)

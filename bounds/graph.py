@@ -74,7 +74,7 @@ class Graph:
 
     def pre_activation_names(self) -> list[str]:
         """Names of the nodes that feed an activation (whose bounds the relaxations need)."""
-        return [n.inputs[0] for n in self.activations()]
+        return list(dict.fromkeys(name for n in self.activations() for name in n.inputs))
 
     def forward(self, x: Tensor, *, all_values: bool = False) -> Tensor | dict[str, Tensor]:
         """Evaluate the network on `x` (`[batch, *input_shape]`)."""

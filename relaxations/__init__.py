@@ -7,6 +7,7 @@ from relaxations.base import (
     get_relaxation,
     register,
 )
+from relaxations.product import ProductRelaxation
 from relaxations.relu import ReluRelaxation, neuron_status
 
 __all__ = [

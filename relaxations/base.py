@@ -45,6 +45,18 @@ class LinearBounds:
 
 
 @dataclass(frozen=True)
+class MultiLinearBounds:
+    """Lines of a nonlinearity of several inputs `z = f(x_1, ..., x_k)`, elementwise over their
+    common shape: `sum_i lower_slopes[i] * x_i + lower_intercept <= z <= sum_i upper_slopes[i]
+    * x_i + upper_intercept`."""
+
+    lower_slopes: tuple[Tensor, ...]
+    lower_intercept: Tensor
+    upper_slopes: tuple[Tensor, ...]
+    upper_intercept: Tensor
+
+
+@dataclass(frozen=True)
 class LinearConstraints:
     """The relaxed set as inequalities, each over `(xh, x)` elementwise, stacked on dim 0:
 
@@ -76,6 +88,59 @@ class Piece:
     end: float
     slope: float
     intercept: float
+
+
+class MultiRelaxation(Protocol):
+    """Convex relaxation of an elementwise function of `n_inputs` tensors of one shape (a
+    product of two variables). The same protocol as `Relaxation`, with `lower`/`upper` tuples
+    (one per input): `linear_bounds` gives `MultiLinearBounds`, `argmin(coeffs_pre, coeff_post,
+    lowers, uppers)` gives `(tuple of inputs, output)`, `constraints` a `MultiLinearConstraints`.
+    `needs_refinement(lower, upper)` takes one input's interval: the neurons of that input
+    whose bounds matter (its interval is computed before the other inputs' are known)."""
+
+    name: str
+    n_inputs: int
+    param_shape: tuple[int, ...]
+    split_at_zero: bool
+    fused: str | None
+    pieces: None
+
+    def forward(self, *inputs: Tensor) -> Tensor: ...
+
+    def interval(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor: ...
+
+    def project(self, params: Tensor) -> Tensor: ...
+
+    def linear_bounds(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], params: Tensor | None = None
+    ) -> MultiLinearBounds: ...
+
+    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor: ...
+
+    def argmin(
+        self, coeffs_pre: tuple[Tensor, ...], coeff_post: Tensor,
+        lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...],
+    ) -> tuple[tuple[Tensor, ...], Tensor]: ...  # fmt: skip
+
+    def constraints(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> MultiLinearConstraints: ...
+
+
+@dataclass(frozen=True)
+class MultiLinearConstraints:
+    """`z >= sum_i lower_slopes[i][k] * x_i + lower_intercepts[k]` and `z <= sum_i
+    upper_slopes[i][k] * x_i + upper_intercepts[k]` for each k (stacked on dim 0 of every
+    tensor), with each `x_i` in its box."""
+
+    lower_slopes: tuple[Tensor, ...]
+    lower_intercepts: Tensor
+    upper_slopes: tuple[Tensor, ...]
+    upper_intercepts: Tensor
 
 
 class Relaxation(Protocol):

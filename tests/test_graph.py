@@ -23,9 +23,9 @@ def test_graph_computes_the_module(name):
 @pytest.mark.parametrize(
     "module, shape, operation",
     [
-        (nn.Sequential(nn.Linear(3, 4), nn.Sigmoid()), (3,), "Sigmoid"),
-        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2)), (1, 6, 6), "MaxPool2d"),
-        (nn.Sequential(nn.Linear(3, 4), nn.Tanh()), (3,), "Tanh"),
+        (nn.Sequential(nn.Linear(3, 4), nn.ELU()), (3,), "ELU"),
+        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2, padding=1)), (1, 6, 6), "max_pool2d"),
+        (nn.Sequential(nn.Linear(3, 4), nn.GELU()), (3,), "GELU"),
     ],
 )
 def test_unsupported_module_names_operation_and_node(module, shape, operation):

@@ -58,6 +58,23 @@ ALLOWED_FUNCTIONS = {
     torch.mean,
     torch.where,
     torch.nn.functional.pad,
+    # Nonlinear (verify/io/onnx_nonlinear.py; bounds/fx_activations.py, fx_nonlinear.py).
+    torch.sigmoid,
+    torch.tanh,
+    torch.abs,
+    torch.sign,
+    torch.floor,
+    torch.exp,
+    torch.reciprocal,
+    torch.sin,
+    torch.cos,
+    torch.pow,
+    torch.clamp,
+    torch.maximum,
+    torch.minimum,
+    torch.nn.functional.leaky_relu,
+    torch.nn.functional.softmax,
+    torch.nn.functional.max_pool2d,
 }
 ALLOWED_METHODS = {"expand"}
 
@@ -212,6 +229,10 @@ def n(spec: str, name: str = "", **attrs) -> onnx.NodeProto:
     ins = [i.strip() for i in inputs.split(",") if i.strip()]
     output = output.strip()
     return helper.make_node(op, ins, [output], name=name or f"{op}_{output}", **attrs)
+
+
+def scalar(name: str, value: float) -> TensorProto:
+    return numpy_helper.from_array(np.array(value, np.float32), name)
 
 
 def i64(name: str, *values: int, scalar: bool = False) -> TensorProto:
@@ -437,7 +458,7 @@ def test_module_attributes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("op", "attrs"), [("Sigmoid", {}), ("MaxPool", {"kernel_shape": [2, 2]}), ("Tanh", {})]
+    ("op", "attrs"), [("Elu", {}), ("LpPool", {"kernel_shape": [2, 2]}), ("Erf", {})]
 )
 def test_unsupported_operation_names_op_and_node(op: str, attrs: dict, tmp_path: Path) -> None:
     nodes = [n("Relu x -> r"), n(f"{op} r -> y", name="the_node", **attrs)]
@@ -455,16 +476,50 @@ UNSUPPORTED_FORMS = {
         [1, 2, 5, 5],
     ),
     "gemm_transA": ("Gemm", [n("Gemm x,W -> y", transA=1)], [tensor("W", (1, 3))], [1, 4]),
-    "mul_of_activations": ("Mul", [n("Relu x -> r"), n("Mul x,r -> y")], [], [1, 4]),
     "div_by_activation": ("Div", [n("Div c,x -> y")], [tensor("c", (4,))], [1, 4]),
     "conv_3d": ("Conv", [n("Conv x,W -> y")], [tensor("W", (2, 2, 3, 3, 3))], [1, 2, 5, 5, 5]),
+    "maxpool_padded": ("MaxPool", [n("MaxPool x -> y", kernel_shape=[2, 2], pads=[1, 1, 1, 1])],
+                       [], [1, 1, 4, 4]),
+    "pow_fractional": ("Pow", [n("Pow x,e -> y")], [tensor("e", ())], [1, 4]),
+    "softmax_batch_axis": ("Softmax", [n("Softmax x -> y", axis=0)], [], [1, 4]),
+}  # fmt: skip
+
+NONLINEAR_CASES = {
+    "mul_of_activations": ([n("Relu x -> r"), n("Mul x,r -> y")], [], [1, 4]),
+    "div_of_activations": ([n("Sigmoid x -> s"), n("Div x,s -> y")], [], [1, 4]),
     "matmul_of_activations": (
-        "MatMul",
-        [n("Transpose x -> t", perm=[0, 2, 1]), n("MatMul x,t -> y")],
-        [],
-        [1, 2, 3],
+        [n("Transpose x -> t", perm=[0, 2, 1]), n("MatMul x,t -> y")], [], [1, 2, 3]
     ),
-}
+    "sigmoid_tanh_abs_sign": (
+        [n("Sigmoid x -> a"), n("Tanh a -> b"), n("Abs b -> c"), n("Sign c -> y")], [], [1, 4]
+    ),
+    "floor_exp_sin_cos": (
+        [n("Floor x -> a"), n("Exp a -> b"), n("Sin b -> c"), n("Cos c -> y")], [], [1, 4]
+    ),
+    "reciprocal_of_exp": ([n("Exp x -> a"), n("Reciprocal a -> y")], [], [1, 4]),
+    "leaky_prelu_clip": (
+        [n("LeakyRelu x -> a", alpha=0.2), n("PRelu a,s -> b"), n("Clip b,lo,hi -> y")],
+        [tensor("s", (1,)), scalar("lo", -0.5), scalar("hi", 0.5)],
+        [1, 4],
+    ),
+    "pow_2_and_3": ([n("Pow x,two -> a"), n("Pow a,three -> y")],
+                    [scalar("two", 2.0), scalar("three", 3.0)], [1, 4]),
+    "softmax_last_axis": ([n("Softmax x -> y", axis=-1)], [], [1, 2, 5]),
+    "maxpool_2x2_stride_1": ([n("MaxPool x -> y", kernel_shape=[2, 2], strides=[1, 1])], [],
+                             [1, 2, 5, 5]),
+    "max_min_broadcast": ([n("Relu x -> r"), n("Max x,r,c -> a"), n("Min a,x -> y")],
+                          [tensor("c", (4,))], [1, 4]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NONLINEAR_CASES))
+def test_nonlinear_nodes_match_onnxruntime(case: str, tmp_path: Path) -> None:
+    nodes, inits, in_shape = NONLINEAR_CASES[case]
+    model = make_model(nodes, inits, in_shape)
+    onnx.checker.check_model(model)
+    gm = load_model(tmp_path, model)
+    assert_matches_ort(gm, model.SerializeToString())
+    assert_vocabulary(gm)
 
 
 @pytest.mark.parametrize("case", sorted(UNSUPPORTED_FORMS))

@@ -33,6 +33,7 @@ from bounds.compile import (
 from bounds.graph import Graph
 from bounds.methods.crown import (
     ChunkLinesFn,
+    Lines,
     LinesFn,
     backward_bound,
     bound_neurons,
@@ -41,13 +42,13 @@ from bounds.methods.crown import (
     needs_crown,
     neuron_chunk,
     output_functional,
+    relaxation_bounds,
     scatter_bounds,
     split_output,
     unstable_indices,
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.types import Budget, Interval
-from relaxations import LinearBounds
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class _Problem:
 
 def _activations_before(graph: Graph, start: str) -> list[str]:
     ancestors = graph.ancestors(start)
-    return [n.name for n in graph.activations() if n.name in ancestors and n.name != start]
+    return [n.name for n in graph.activations() if n.name in ancestors]
 
 
 def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
@@ -144,8 +145,8 @@ def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     alphas = {}
     for start, spec_dims in starts.items():
         for act in _activations_before(p.graph, start):
-            pre = p.base[p.graph[act].inputs[0]]
-            alpha = p.graph[act].op.relaxation.default_params(pre.lower, pre.upper)
+            lower, upper = relaxation_bounds(p.graph, act, p.base)
+            alpha = p.graph[act].op.relaxation.default_params(lower, upper)
             view = alpha.reshape(alpha.shape[0], *([1] * len(spec_dims)), *alpha.shape[1:])
             full = view.expand(alpha.shape[0], *spec_dims, *alpha.shape[1:]).clone()
             alphas[start, act] = full.requires_grad_(True)
@@ -153,9 +154,8 @@ def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
 
 
 def _lines(p: _Problem, intervals: dict[str, Interval], alpha_of) -> LinesFn:
-    def lines(act: str) -> LinearBounds:
-        pre = intervals[p.graph[act].inputs[0]]
-        lower, upper = pre.lower.unsqueeze(1), pre.upper.unsqueeze(1)
+    def lines(act: str) -> Lines:
+        lower, upper = relaxation_bounds(p.graph, act, intervals, unsqueeze=True)
         return p.graph[act].op.relaxation.linear_bounds(lower, upper, alpha_of(act))
 
     return lines
@@ -243,9 +243,7 @@ def alpha_step(p: _Problem, state: AlphaState, lr: Tensor) -> AlphaState:
     kept = _kept(p, state, result, lower, upper)
     if grads is None:  # out of time (eager only): the same slopes, which ends the loop
         return kept
-    alphas, m, v, t = adam_ascent(
-        state.alphas, grads, state.m, state.v, state.t, lr, p.projections
-    )
+    alphas, m, v, t = adam_ascent(state.alphas, grads, state.m, state.v, state.t, lr, p.projections)
     return AlphaState(alphas, m, v, t, *kept[4:])
 
 

@@ -20,6 +20,9 @@ from bounds.methods.pacing import passed
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
+from relaxations.base import MultiLinearBounds
+
+Lines = LinearBounds | MultiLinearBounds
 
 # Largest functional (batch x specs x elements of a node) processed at once: 2^25 floats.
 MAX_FUNCTIONAL_ELEMENTS = 1 << 25
@@ -27,7 +30,7 @@ MAX_FUNCTIONAL_ELEMENTS = 1 << 25
 # Neurons per chunk below which a deadline does not split a layer's bound further.
 DEADLINE_CHUNK = 32
 
-LinesFn = Callable[[str], LinearBounds]  # activation node -> its lines for one backward pass
+LinesFn = Callable[[str], Lines]  # activation node -> its lines for one backward pass
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
 RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
 
@@ -39,12 +42,34 @@ def concretize(A: Tensor, box: Interval) -> Tensor:
     return (A * center - A.abs() * radius).flatten(2).sum(-1)
 
 
-def relax_backward(A: Tensor, lines: LinearBounds) -> tuple[Tensor, Tensor]:
-    """Replace an activation by its lower line where `A >= 0`, its upper line elsewhere."""
+def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
+    """Replace an activation by its lower line where `A >= 0`, its upper line elsewhere: the
+    functional on its input (a tuple, one per input, for `MultiLinearBounds`) and the bias."""
     pos, neg = A.clamp(min=0), A.clamp(max=0)
+    if isinstance(lines, MultiLinearBounds):
+        new_A = tuple(
+            pos * low + neg * up for low, up in zip(lines.lower_slopes, lines.upper_slopes)
+        )
+        intercepts = pos * lines.lower_intercept + neg * lines.upper_intercept
+        return new_A, intercepts.flatten(2).sum(-1)
     new_A = pos * lines.lower_slope + neg * lines.upper_slope
     bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
     return new_A, bias
+
+
+def relaxation_bounds(graph: Graph, act: str, intervals: dict[str, Interval], unsqueeze=False):
+    """The `(lower, upper)` that activation `act`'s relaxation takes, from its inputs'
+    intervals (tensors, or tuples for a several-input op); `unsqueeze`: with a spec dimension
+    (dim 1) inserted, to broadcast against `[batch, specs, *shape]` parameters."""
+    node = graph[act]
+    lower, upper = node.op.relaxation_bounds(*(intervals[i] for i in node.inputs))
+    if unsqueeze:
+        lower, upper = _map(lambda t: t.unsqueeze(1), lower), _map(lambda t: t.unsqueeze(1), upper)
+    return lower, upper
+
+
+def _map(fn, value):
+    return tuple(fn(v) for v in value) if isinstance(value, tuple) else fn(value)
 
 
 def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn) -> Tensor:
@@ -80,7 +105,7 @@ def backward_pass(
             continue
         if isinstance(node.op, ActivationOp):
             coeff, bias = relax(node, coeff)
-            parts = (coeff,)
+            parts = coeff if isinstance(coeff, tuple) else (coeff,)
         else:
             bias = node.op.bias_term(coeff)
             parts = node.op.vjp(coeff)
@@ -183,12 +208,10 @@ def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
     """CROWN's lines (adaptive lower slope) from the pre-activation intervals."""
     cache: dict[str, LinearBounds] = {}
 
-    def lines(act: str) -> LinearBounds:
+    def lines(act: str) -> Lines:
         if act not in cache:
-            node = graph[act]
-            pre = intervals[node.inputs[0]]
-            found = node.op.relaxation.linear_bounds(pre.lower, pre.upper)
-            cache[act] = LinearBounds(*(t.unsqueeze(1) for t in _fields(found)))
+            lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
+            cache[act] = graph[act].op.relaxation.linear_bounds(lower, upper)
         return cache[act]
 
     return lines
@@ -197,10 +220,6 @@ def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
 def constant_lines(lines: LinesFn) -> ChunkLinesFn:
     """The same lines for every chunk of specs."""
     return lambda offset, count: lines
-
-
-def _fields(lines: LinearBounds) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return lines.lower_slope, lines.lower_intercept, lines.upper_slope, lines.upper_intercept
 
 
 def output_functional(graph: Graph, C: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """Layer operators, one file per family."""
 
-from bounds.ops.activation import ActivationOp
+from bounds.ops.activation import ActivationOp, MultiActivationOp
 from bounds.ops.add import SumOp
 from bounds.ops.base import BoundOp, UnaryAffineOp
 from bounds.ops.concat import ConcatOp
@@ -26,6 +26,7 @@ __all__ = [
     "IndexOp",
     "LinearOp",
     "MatMulOp",
+    "MultiActivationOp",
     "PadOp",
     "PermuteOp",
     "ReduceOp",

@@ -1,4 +1,5 @@
-"""The one generic elementwise nonlinear op, driven by a Relaxation (ReLU today)."""
+"""The generic nonlinear ops, driven by a relaxation: `ActivationOp` (elementwise, one input)
+and `MultiActivationOp` (elementwise over several inputs of one shape, e.g. a product)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from torch import Tensor
 
 from bounds.ops.base import BoundOp
 from bounds.types import Interval
-from relaxations.base import Relaxation
+from relaxations.base import MultiRelaxation, Relaxation
 
 
 class ActivationOp(BoundOp):
@@ -23,3 +24,24 @@ class ActivationOp(BoundOp):
 
     def interval(self, xh: Interval) -> Interval:
         return Interval(*self.relaxation.interval(xh.lower, xh.upper))
+
+    def relaxation_bounds(self, *inputs: Interval) -> tuple:
+        """`(lower, upper)` as the relaxation takes them: tensors (one input), or tuples."""
+        return inputs[0].lower, inputs[0].upper
+
+
+class MultiActivationOp(ActivationOp):
+    """`z = f(x_1, ..., x_k)` elementwise over inputs of one shape (`relaxation.n_inputs`)."""
+
+    def __init__(self, relaxation: MultiRelaxation, shape: tuple[int, ...]) -> None:
+        super().__init__(relaxation, shape)
+        self.n_inputs = relaxation.n_inputs
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return self.relaxation.forward(*inputs)
+
+    def interval(self, *inputs: Interval) -> Interval:
+        return Interval(*self.relaxation.interval(*self.relaxation_bounds(*inputs)))
+
+    def relaxation_bounds(self, *inputs: Interval) -> tuple:
+        return tuple(i.lower for i in inputs), tuple(i.upper for i in inputs)

@@ -255,7 +255,7 @@ GRAPH_CASES = [
     ("gather_index_out_of_range", [node("Gather", "c,i", "g", "ga1"), node("Add", "x,g", "y", "add11")], [ones("c", 4), const("i", np.array([0, 1, 2, 9], np.int64))], [1, 4], InvalidNetworkError, ["'ga1' (Gather)"]),
     ("integer_division_by_zero", [node("Div", "p,q", "s", "div2"), node("Reshape", "x,s", "y", "rs5")], [const("p", np.array([1, 4], np.int64)), const("q", np.array([1, 0], np.int64))], [1, 4], InvalidNetworkError, ["'div2' (Div)", "division by zero"]),
     ("custom_domain", [helper.make_node("Fancy", ["x"], ["y"], name="fancy1", domain="com.example")], [], [1, 4], UnsupportedOperationError, ["'Fancy'", "'fancy1'", "com.example"]),
-    ("unsupported_op", [node("Sigmoid", "x", "y", "sig1")], [], [1, 4], UnsupportedOperationError, ["'Sigmoid'", "'sig1'"]),
+    ("unsupported_op", [node("Elu", "x", "y", "elu1")], [], [1, 4], UnsupportedOperationError, ["'Elu'", "'elu1'"]),
 ]  # fmt: skip
 
 

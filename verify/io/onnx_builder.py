@@ -110,13 +110,19 @@ class GraphBuilder:
         self.root.register_buffer(name, tensor)
         return Traced(self.graph.get_attr(name), tensor)
 
-    def function(self, fn: Callable[..., torch.Tensor], *args: Any, batched: bool = True) -> Traced:
-        """`fn(*args)` (Traced arguments by their node), a value held `batched` or not."""
+    def function(
+        self, fn: Callable[..., torch.Tensor], *args: Any, batched: bool = True,
+        hint: str | None = None,
+    ) -> Traced:  # fmt: skip
+        """`fn(*args)` (Traced arguments by their node), a value held `batched` or not; `hint`:
+        the fx node's name (from the ONNX node's, so errors at graph build name it)."""
         fx_args = fx.node.map_aggregate(args, lambda a: a.node if isinstance(a, Traced) else a)
         examples = fx.node.map_aggregate(args, lambda a: a.example if isinstance(a, Traced) else a)
         with torch.no_grad():
             example = fn(*examples)
-        return Traced(self.graph.call_function(fn, tuple(fx_args)), example, batched)
+        name = None if hint is None else self.fresh_name(hint)
+        node = self.graph.create_node("call_function", fn, tuple(fx_args), {}, name=name)
+        return Traced(node, example, batched)
 
     def expand(self, x: Traced, per_sample: tuple[int, ...]) -> Traced:
         """`x.expand(-1, *per_sample)` (same rank; our batch axis kept)."""

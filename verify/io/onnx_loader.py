@@ -55,10 +55,12 @@ from verify.errors import SpecificationError
 from verify.io.onnx_builder import GraphBuilder, Traced
 from verify.io.onnx_checks import MAX_ELEMENTS, node_label, nonfinite_where, unsupported
 from verify.io.onnx_fold import FOLDERS, fold
+from verify.io.onnx_nonlinear import HANDLERS as NONLINEAR_HANDLERS
+from verify.io.onnx_nonlinear import PRODUCTS, two_activations
 from verify.io.onnx_ops import HANDLERS as AFFINE_HANDLERS
 from verify.io.onnx_shapes import HANDLERS as SHAPE_HANDLERS
 
-HANDLERS = {**AFFINE_HANDLERS, **SHAPE_HANDLERS}
+HANDLERS = {**AFFINE_HANDLERS, **SHAPE_HANDLERS, **NONLINEAR_HANDLERS}
 
 # The largest (decompressed) model file read: protobuf messages cannot exceed 2 GiB.
 MAX_MODEL_BYTES = 2**31 - 1
@@ -394,8 +396,11 @@ def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -
     """The handler's results (one per output it computes); malformed nodes (bad attributes,
     impossible shapes) raise typed errors naming the node and the file, also when torch or
     numpy would fail first."""
+    handler = HANDLERS[node.op_type]
+    if node.op_type in PRODUCTS and two_activations(inputs):
+        handler = PRODUCTS[node.op_type]
     try:
-        result = HANDLERS[node.op_type](b, node, inputs)
+        result = handler(b, node, inputs)
     except UnsupportedOperationError:
         raise
     except (InvalidNetworkError, ShapeMismatchError) as err:

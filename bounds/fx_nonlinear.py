@@ -1,0 +1,177 @@
+"""Nonlinear operations of several activations in torch.fx (used by `bounds.fx_handlers`):
+products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
+
+- `x * y`: both broadcast to their common shape, then a `MultiActivationOp` with the McCormick
+  relaxation (`relaxations/product.py`); `x * x` (the same node) is the square `pow(x, 2)`.
+- `x @ y`: `x[..., n, k, None] * y[..., None, k, m]` summed over `k` (an elementwise product
+  and a ReduceOp: exact rewriting).
+- `x / y`: `x * reciprocal(y)`.
+- `max(x, y) = y + relu(x - y)` and `min(x, y) = x - relu(x - y)` (exact), and max pooling as
+  a balanced tree of such maxima over the window's strided slices (`IndexOp`s).
+- `softmax(x)_i = 1 / sum_j exp(x_j - x_i)` (exact): the differences are affine, the
+  `j = i` term is `exp(0) = 1`, so the sum lies in `[1, n]` and its reciprocal is bounded on a
+  positive interval (no product of two variables is needed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bounds import fx_shapes as shapes
+from bounds.fx_activations import activation
+from bounds.fx_common import Act, Builder, affine_const, expand_to, reshape_result, unsupported
+from bounds.ops import MultiActivationOp, SumOp
+from relaxations import get_relaxation
+
+
+def _common(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, Act]:
+    """Both broadcast (per sample) to their common shape."""
+    try:
+        out = torch.broadcast_shapes(lhs.value.shape, rhs.value.shape)
+    except RuntimeError as err:
+        raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape}") from err
+    if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():
+        raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape} over the batch")
+    target = tuple(out[1:])
+    return expand_to(b, f"{node}_a", lhs, target), expand_to(b, f"{node}_b", rhs, target)
+
+
+def product(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
+    """`lhs * rhs` of two activations."""
+    if lhs.name == rhs.name:
+        return activation(b, node, ("pow", lambda: {"exponent": 2}), lhs)
+    lhs, rhs = _common(b, node, "mul", lhs, rhs)
+    try:
+        relaxation = get_relaxation("product")
+    except KeyError as exc:
+        raise unsupported("mul", node, str(exc)) from exc
+    return b.add(node, MultiActivationOp(relaxation, lhs.shape), [lhs, rhs])
+
+
+def quotient(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
+    """`lhs / rhs` of two activations: `lhs * reciprocal(rhs)`."""
+    inverse = activation(b, f"{node}_reciprocal", ("reciprocal", lambda: {}), rhs)
+    return product(b, node, lhs, inverse)
+
+
+def _unsqueezed(b: Builder, node: str, x: Act, dim: int) -> Act:
+    return reshape_result(b, node, x, x.value.unsqueeze(dim))
+
+
+def matmul(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
+    """`lhs @ rhs` of two activations with at least two per-sample axes each (`[..., n, k]` @
+    `[..., k, m]`): an elementwise product over `[..., n, k, m]` summed over `k`."""
+    if len(lhs.shape) < 2 or len(rhs.shape) < 2:
+        raise unsupported("matmul", node, f"of activations {lhs.shape} and {rhs.shape} "
+                          "(each needs two axes besides the batch)")  # fmt: skip
+    if lhs.shape[-1] != rhs.shape[-2]:
+        raise unsupported("matmul", node, f"inner sizes differ: {lhs.shape} @ {rhs.shape}")
+    left = _unsqueezed(b, f"{node}_left", lhs, -1)  # [..., n, k, 1]
+    right = _unsqueezed(b, f"{node}_right", rhs, -3)  # [..., 1, k, m]
+    prod = product(b, f"{node}_product", left, right)
+    return shapes.reduce(mean=False)(b, node, prod, -2)
+
+
+def maximum(b: Builder, node: str, lhs: Act, rhs: Act, minimum: bool = False) -> Act:
+    """`max(lhs, rhs) = rhs + relu(lhs - rhs)` (`minimum`: `lhs - relu(lhs - rhs)`)."""
+    lhs, rhs = _common(b, node, "min" if minimum else "max", lhs, rhs)
+    diff = b.add(f"{node}_diff", SumOp(lhs.shape, (1.0, -1.0)), [lhs, rhs])
+    hinge = activation(b, f"{node}_relu", ("relu", lambda: {}), diff)
+    if minimum:
+        return b.add(node, SumOp(lhs.shape, (1.0, -1.0)), [lhs, hinge])
+    return b.add(node, SumOp(lhs.shape, (1.0, 1.0)), [rhs, hinge])
+
+
+def _pair(value: Any, what: str, node: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    raise unsupported("max_pool2d", node, f"{what}={value!r}")
+
+
+def max_pool2d(
+    b: Builder, node: str, x: Act, kernel_size: Any, stride: Any = None, padding: Any = 0,
+    dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False,
+) -> Act:  # fmt: skip
+    """Max pooling over `[C, H, W]` (no padding, no ceil mode): the windows' strided slices,
+    then a balanced tree of pairwise maxima."""
+    if len(x.shape) != 3:
+        raise unsupported("max_pool2d", node, f"input of shape {x.shape} (need [C, H, W])")
+    kh, kw = _pair(kernel_size, "kernel_size", node)
+    sh, sw = _pair(stride if stride not in (None, []) else (kh, kw), "stride", node)
+    dh, dw = _pair(dilation, "dilation", node)
+    if _pair(padding, "padding", node) != (0, 0) or ceil_mode or return_indices:
+        raise unsupported("max_pool2d", node, "padding, ceil_mode or return_indices")
+    out: Tensor = torch.nn.functional.max_pool2d(x.value, (kh, kw), (sh, sw), 0, (dh, dw))
+    oh, ow = out.shape[-2:]
+    slices = []
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            index = (slice(None), slice(None), rows, cols)
+            slices.append(shapes.getitem(b, f"{node}_window{i}_{j}", x, index))
+    level = 0
+    while len(slices) > 1:
+        pairs = [(slices[k], slices[k + 1]) for k in range(0, len(slices) - 1, 2)]
+        merged = [
+            maximum(b, f"{node}_max{level}_{k}" if len(slices) > 2 else node, a, c)
+            for k, (a, c) in enumerate(pairs)
+        ]
+        slices = merged + ([slices[-1]] if len(slices) % 2 else [])
+        level += 1
+    return slices[0]
+
+
+def max_pool_module(b: Builder, node: str, x: Act, module: torch.nn.MaxPool2d) -> Act:
+    return max_pool2d(b, node, x, module.kernel_size, module.stride, module.padding,
+                      module.dilation, module.ceil_mode, module.return_indices)  # fmt: skip
+
+
+def binary(kind: str):
+    """fx handler for `torch.maximum` / `torch.minimum` of two activations."""
+
+    def handler(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
+        if isinstance(lhs, Act) and isinstance(rhs, Act):
+            return maximum(b, node, lhs, rhs, minimum=kind == "minimum")
+        x, c = (lhs, rhs) if isinstance(lhs, Act) else (rhs, lhs)
+        if not isinstance(x, Act):
+            raise unsupported(kind, node, "needs an operand that depends on the input")
+        return _with_constant(b, node, x, b.const(c, node), kind == "minimum")
+
+    return handler
+
+
+def _with_constant(b: Builder, node: str, x: Act, c: Tensor, minimum: bool) -> Act:
+    """`max(x, c) = c + relu(x - c)`, `min(x, c) = c - relu(c - x)` (c broadcast)."""
+    sign = -1.0 if minimum else 1.0
+    shifted = affine_const(b, f"{node}_shift", x, sign, -sign * c)  # sign (x - c)
+    hinge = activation(b, f"{node}_relu", ("relu", lambda: {}), shifted)
+    return affine_const(b, node, hinge, sign, c)
+
+
+def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs: Any) -> Act:
+    """`softmax(x, dim)` over one per-sample axis (see the module docstring)."""
+    kwargs.pop("_stacklevel", None)
+    dtype = kwargs.pop("dtype", None)
+    if not isinstance(x, Act) or dim is None or args or kwargs or dtype is not None:
+        raise unsupported("softmax", node, "needs an activation, an explicit dim and no dtype")
+    ndim = x.value.dim()
+    axis = dim + ndim if dim < 0 else dim
+    if not 1 <= axis < ndim:
+        raise unsupported("softmax", node, f"dim={dim} (the batch axis, or out of range)")
+    left = _unsqueezed(b, f"{node}_xj", x, axis)  # new axis i (broadcast), old axis j
+    right = _unsqueezed(b, f"{node}_xi", x, axis + 1)  # axis i, new axis j (broadcast)
+    left, right = _common(b, f"{node}_pairs", "softmax", left, right)
+    diff = b.add(f"{node}_diff", SumOp(left.shape, (1.0, -1.0)), [left, right])
+    exps = activation(b, f"{node}_exp", ("exp", lambda: {}), diff)
+    total = shapes.reduce(mean=False)(b, f"{node}_sum", exps, axis + 1)
+    return activation(b, node, ("reciprocal", lambda: {}), total)
+
+
+def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:
+    return softmax(b, node, x, module.dim)
