@@ -13,7 +13,10 @@ For every `.onnx` / `.onnx.gz` under `../shared/data/vnncomp2022` and `vnncomp20
     of the box (plus corners) evaluated in float64: sound when no sampled value leaves the
     bounds by more than 1e-7 (1 + |value|);
   - seconds per network (load to check).
-`verify run-all` on the instances is not run here (another part of issue 12).
+  - alpha-CROWN (ALPHA_ITERATIONS Adam steps on the output's relaxation parameters, from the
+    CROWN intervals) checked against the same samples;
+`verify run-all` against the winner's answers is `benchmarks/runall_truth.py`; its last results
+fill the last column.
 
     python -m benchmarks.coverage                 # both folders, writes results/coverage.*
     python -m benchmarks.coverage --only test --samples 1000
@@ -34,6 +37,7 @@ import torch
 
 from bounds.errors import VerificationInputError
 from bounds.graph import build_graph
+from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
     backward_bound,
     crown_intervals,
@@ -54,6 +58,7 @@ FOLDERS = ("vnncomp2022", "vnncomp2023")
 MAX_SPECS = 10
 EPS = 0.01
 TOL = 1e-7
+ALPHA_ITERATIONS = 5
 
 
 def networks(data: Path = DATA) -> list[tuple[str, Path]]:
@@ -129,13 +134,21 @@ def input_box(gm, prop: Path | None, seed: int = 0) -> tuple[torch.Tensor, torch
 
 
 def crown_bounds(graph, box: Interval, C: torch.Tensor, seconds: float):
-    """CROWN bounds on `C y` with the intermediate bounds under a deadline (sound either way)."""
+    """CROWN bounds on `C y` with the intermediate bounds under a deadline (sound either way),
+    then alpha-CROWN on the output's relaxation parameters from those intervals:
+    `(crown lower, crown upper, alpha lower, alpha upper, deadline hit)`."""
     deadline = time.monotonic() + seconds
     intervals = crown_intervals(graph, box, deadline=deadline)
     A = output_functional(graph, C)
     result = backward_bound(graph, graph.output.name, A, box, default_lines(graph, intervals))
     result = torch.maximum(result, interval_bound(C, intervals[graph.output.name]))
-    return (*split_output(result), time.monotonic() > deadline)
+    config = AlphaCrownConfig(iterations=ALPHA_ITERATIONS, optimize_intermediate=False)
+    a_low, a_up, _, _ = alpha_crown(graph, box, C, config, intervals=intervals)
+    return (*split_output(result), a_low, a_up, time.monotonic() > deadline)
+
+
+def _excess(low, up, values):
+    return float((torch.maximum(low - values, values - up) / (1 + values.abs())).max())
 
 
 def check_bounds(gm, graph, lower, upper, samples: int, seconds: float, seed: int = 0) -> dict:
@@ -149,9 +162,9 @@ def check_bounds(gm, graph, lower, upper, samples: int, seconds: float, seed: in
     else:
         C = torch.randn(1, MAX_SPECS, n_out, generator=gen, dtype=torch.float64)
     start = time.perf_counter()
-    low, up, cut = crown_bounds(graph64, Interval(lower, upper), C, seconds)
+    low, up, a_low, a_up, cut = crown_bounds(graph64, Interval(lower, upper), C, seconds)
     crown_s = time.perf_counter() - start
-    worst = -np.inf
+    worst = worst_alpha = -np.inf
     numel = lower[0].numel()
     chunk = max(1, min(1000, (1 << 24) // max(numel, n_out)))
     done = 0
@@ -163,12 +176,15 @@ def check_bounds(gm, graph, lower, upper, samples: int, seconds: float, seed: in
                 t[:2] = torch.stack([torch.zeros_like(t[0]), torch.ones_like(t[0])])
             x = lower + t * (upper - lower)
             values = net64(x).reshape(k, -1) @ C[0].T
-            excess = torch.maximum(low - values, values - up) / (1 + values.abs())
-            worst = max(worst, float(excess.max()))
+            worst = max(worst, _excess(low, up, values))
+            worst_alpha = max(worst_alpha, _excess(a_low, a_up, values))
             done += k
     return {
         "sound": bool(worst <= TOL),
+        "alpha_sound": bool(worst_alpha <= TOL),
         "max_relative_excess": worst,
+        "alpha_max_relative_excess": worst_alpha,
+        "alpha_mean_width": float((a_up - a_low).mean()),
         "mean_width": float((up - low).mean()),
         "crown_seconds": crown_s,
         "deadline_hit": bool(cut),
@@ -207,6 +223,7 @@ def summarise(records: list[dict]) -> list[dict]:
             "total": len(mine),
             "ort_max_error": max((r["ort_max_error"] for r in loaded), default=None),
             "crown_sound": sum(r["sound"] for r in loaded),
+            "alpha_sound": sum(r["alpha_sound"] for r in loaded),
             "seconds_per_network": float(np.mean([r["seconds"] for r in mine])),
             "refusals": sorted({f"{r.get('operation') or 'error'} at {r.get('node') or '?'}"
                                 for r in mine if not r["loaded"]}),
@@ -214,18 +231,35 @@ def summarise(records: list[dict]) -> list[dict]:
     return rows
 
 
+def run_all_column() -> dict[str, str]:
+    """`correct / winner answered (wrong, unanswered)` per 2023 benchmark from the last
+    `benchmarks/runall_truth.py` run (results/runall_truth.json), if any."""
+    path = RESULTS / "runall_truth.json"
+    if not path.exists():
+        return {}
+    found = json.loads(path.read_text())
+    scale = found["meta"]["scale"]
+    return {f"2023/{r['benchmark']}": f"{r['correct']}/{r['winner_answered']} correct, "
+            f"{r['wrong']} wrong, {r['unanswered']} unanswered (x{scale:g})"
+            for r in found["rows"]}  # fmt: skip
+
+
 def table(rows: list[dict]) -> str:
     head = ("| benchmark | loaded | max abs(ours - onnxruntime) | CROWN sound (10k samples) "
-            "| s / network | verify run-all |\n|---|---|---|---|---|---|\n")  # fmt: skip
-    lines = []
+            "| alpha-CROWN sound | s / network | verify run-all vs truth/ |\n"
+            "|---|---|---|---|---|---|---|\n")  # fmt: skip
+    lines, run_all = [], run_all_column()
     for r in rows:
         err = "-" if r["ort_max_error"] is None else f"{r['ort_max_error']:.1e}"
         sound = f"{r['crown_sound']}/{r['loaded']}" if r["loaded"] else "-"
+        alpha = f"{r['alpha_sound']}/{r['loaded']}" if r["loaded"] else "-"
         lines.append(f"| {r['benchmark']} | {r['loaded']}/{r['total']} | {err} | {sound} "
-                     f"| {r['seconds_per_network']:.1f} | not run |")  # fmt: skip
+                     f"| {alpha} | {r['seconds_per_network']:.1f} "
+                     f"| {run_all.get(r['benchmark'], 'not run')} |")  # fmt: skip
     loaded, total = sum(r["loaded"] for r in rows), sum(r["total"] for r in rows)
+    crown_ok, alpha_ok = sum(r["crown_sound"] for r in rows), sum(r["alpha_sound"] for r in rows)
     lines.append(
-        f"| **all** | **{loaded}/{total}** | | {sum(r['crown_sound'] for r in rows)}/{loaded} | | |"
+        f"| **all** | **{loaded}/{total}** | | {crown_ok}/{loaded} | {alpha_ok}/{loaded} | | |"
     )
     return head + "\n".join(lines)
 
@@ -250,7 +284,11 @@ def main() -> None:
         if args.only and args.only not in bench:
             continue
         record = {"benchmark": bench, **check_network(path, args.samples, args.seconds)}
-        status = "refused" if not record["loaded"] else ("sound" if record["sound"] else "UNSOUND")
+        status = (
+            "refused"
+            if not record["loaded"]
+            else ("sound" if record["sound"] and record["alpha_sound"] else "UNSOUND")
+        )
         print(f"{bench:22s} {path.name:60s} {status:8s} {record['seconds']:7.1f} s", flush=True)
         records.append(record)
     rows = summarise(records)
