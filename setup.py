@@ -44,6 +44,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.2",
             "hypothesis>=6",
+            "mpmath>=1.3",  # high-precision checks of the relaxations (comes with torch via sympy)
             "ruff>=0.5",
             "pillow>=10",
             # The Triton kernels' tests run under its CPU interpreter (TRITON_INTERPRET=1).

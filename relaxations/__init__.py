@@ -1,21 +1,46 @@
-"""Convex relaxations of elementwise nonlinearities (one file each), on plain tensors."""
+"""Convex relaxations of elementwise nonlinearities (one file each), on plain tensors.
+
+Importing the package registers every relaxation (`get_relaxation(name, **options)`)."""
 
 from relaxations.base import (
     LinearBounds,
     LinearConstraints,
+    MultiLinearBounds,
+    MultiLinearConstraints,
+    MultiRelaxation,
     Relaxation,
     get_relaxation,
     register,
+    registered,
 )
+from relaxations.exp import ExpRelaxation
+from relaxations.power import PowerRelaxation, SquareRelaxation
 from relaxations.product import ProductRelaxation
+from relaxations.reciprocal import ReciprocalRelaxation
 from relaxations.relu import ReluRelaxation, neuron_status
+from relaxations.sigmoid import SigmoidRelaxation
+from relaxations.tanh import TanhRelaxation
+from relaxations.trig import CosRelaxation, SinRelaxation
 
 __all__ = [
+    "CosRelaxation",
+    "ExpRelaxation",
     "LinearBounds",
     "LinearConstraints",
+    "MultiLinearBounds",
+    "MultiLinearConstraints",
+    "MultiRelaxation",
+    "PowerRelaxation",
+    "ProductRelaxation",
+    "ReciprocalRelaxation",
     "Relaxation",
     "ReluRelaxation",
+    "SigmoidRelaxation",
+    "SinRelaxation",
+    "SquareRelaxation",
+    "TanhRelaxation",
     "get_relaxation",
     "neuron_status",
     "register",
+    "registered",
 ]

@@ -73,6 +73,47 @@ def _bn_mlp() -> nn.Sequential:
     )
 
 
+class ConcatSlice(nn.Module):
+    """Two branches concatenated, sliced, permuted and summed (a DAG of shape ops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(4, 3)
+        self.out = nn.Linear(5, 2)
+
+    def forward(self, x):
+        h = torch.cat([torch.relu(self.a(x)), self.b(x)], dim=1)  # [B, 9]
+        left, right = h[:, :5], h[:, 4:]
+        return self.out(torch.relu(left + right[:, [4, 3, 2, 1, 0]]))
+
+
+class Attention(nn.Module):
+    """One self-attention head over 3 tokens: softmax(q k^T / sqrt(d)) v, then a linear head
+    (products of two activations, exp, reciprocal)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(4, 3), nn.Linear(4, 3), nn.Linear(4, 3)
+        self.out = nn.Linear(9, 2)
+
+    def forward(self, x):  # x: [B, 3, 4]
+        scores = self.q(x) @ self.k(x).transpose(1, 2) / 3**0.5
+        mixed = torch.softmax(scores, dim=-1) @ self.v(x)
+        return self.out(mixed.flatten(1))
+
+
+def _maxpool_net() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 2)
+    )
+
+
+def _smooth_mlp(activation: type[nn.Module]) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(3, 6), activation(), nn.Linear(6, 6), activation(),
+                         nn.Linear(6, 2))  # fmt: skip
+
+
 ZOO: dict[str, tuple] = {
     # name: (constructor, input shape)
     "linear": (lambda: nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)), (3,)),
@@ -82,6 +123,11 @@ ZOO: dict[str, tuple] = {
     "residual": (Residual, (2, 4, 4)),
     "normalised": (Normalised, (2, 6, 6)),
     "bn_mlp": (_bn_mlp, (4,)),
+    "concat_slice": (ConcatSlice, (4,)),
+    "maxpool": (_maxpool_net, (1, 4, 4)),
+    "sigmoid_mlp": (lambda: _smooth_mlp(nn.Sigmoid), (3,)),
+    "tanh_mlp": (lambda: _smooth_mlp(nn.Tanh), (3,)),
+    "attention": (Attention, (3, 4)),
 }
 
 

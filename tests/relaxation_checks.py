@@ -114,7 +114,7 @@ def _feasible_points(relaxation: Relaxation, lower: Tensor, upper: Tensor, k: in
     xh = grid(lower, upper, k)
     low, up = cons.lower_envelope(xh), cons.upper_envelope(xh)
     t = torch.linspace(0, 1, 11, dtype=D).reshape(-1, 1, 1)
-    x = low + t * (up - low).clamp(min=0)
+    x = torch.lerp(low, torch.maximum(low, up), t)  # lerp: t = 1 lands on `up` exactly
     return xh.expand_as(x), x, (low <= up + _slack(up)).expand_as(x)
 
 

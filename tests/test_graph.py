@@ -45,9 +45,9 @@ class _Square(nn.Module):
         return h * h
 
 
-class _Sigmoid(nn.Module):
+class _Erf(nn.Module):
     def forward(self, x):
-        return torch.sigmoid(x)
+        return torch.erf(x)
 
 
 class _InputWeight(nn.Module):
@@ -55,14 +55,18 @@ class _InputWeight(nn.Module):
         return torch.nn.functional.linear(x, x)
 
 
-def test_product_of_activations_is_unsupported():
-    with pytest.raises(UnsupportedOperationError, match="mul"):
-        build_graph(_Square(), (3,))
+def test_a_square_of_an_activation_is_the_pow_relaxation():
+    net = _Square().double()
+    graph = build_graph(net, (3,))
+    names = [n.op.relaxation.name for n in graph.activations()]
+    assert names == ["pow"]
+    x = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(graph.forward(x), net(x))
 
 
-def test_functional_sigmoid_is_unsupported():
-    with pytest.raises(UnsupportedOperationError, match="sigmoid"):
-        build_graph(_Sigmoid(), (3,))
+def test_functional_without_a_relaxation_is_unsupported():
+    with pytest.raises(UnsupportedOperationError, match="erf"):
+        build_graph(_Erf(), (3,))
 
 
 def test_weight_depending_on_input_is_rejected():
