@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class VerificationInputError(ValueError):
     """Base class of every input error raised by this toolkit."""
@@ -32,3 +37,15 @@ class InvalidRegionError(VerificationInputError):
 class InvalidLimitError(VerificationInputError):
     """A time limit, budget or count that is NaN, negative, zero where it must be positive, or not a
     number (names the limit and its value)."""
+
+
+def at_node(operation: str, node: str, fn: Callable[..., T], *args) -> T:
+    """`fn(*args)`, with a relaxation's ValueError (a box outside its function's domain, e.g.
+    a reciprocal's input interval containing 0, or no finite line: an overflow) raised as
+    UnsupportedOperationError naming the operation and the node."""
+    try:
+        return fn(*args)
+    except VerificationInputError:
+        raise
+    except ValueError as exc:
+        raise UnsupportedOperationError(operation, node, str(exc)) from exc

@@ -70,7 +70,7 @@ def _arith(kind: str) -> Callable[..., Act]:
             return affine_const(b, node, rhs, -1.0, lhs)
         if kind == "mul":
             return affine_const(b, node, rhs, lhs, None)
-        raise unsupported("div", node, "division by an activation")
+        return products.constant_over(b, node, lhs, rhs)
 
     return handler
 

@@ -5,7 +5,7 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
   relaxation (`relaxations/product.py`); `x * x` (the same node) is the square `pow(x, 2)`.
 - `x @ y`: `x[..., n, k, None] * y[..., None, k, m]` summed over `k` (an elementwise product
   and a ReduceOp: exact rewriting).
-- `x / y`: `x * reciprocal(y)`.
+- `x / y`: `x * reciprocal(y)`; `c / x` for a constant `c`: `c * reciprocal(x)`.
 - `max(x, y) = y + relu(x - y)` and `min(x, y) = x - relu(x - y)` (exact), and max pooling as
   a balanced tree of such maxima over the window's strided slices (`IndexOp`s).
 - `softmax(x)_i = 1 / sum_j exp(x_j - x_i)` (exact): the differences are affine, the
@@ -55,6 +55,12 @@ def quotient(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
     """`lhs / rhs` of two activations: `lhs * reciprocal(rhs)`."""
     inverse = activation(b, f"{node}_reciprocal", ("reciprocal", lambda: {}), rhs)
     return product(b, node, lhs, inverse)
+
+
+def constant_over(b: Builder, node: str, numerator: Any, x: Act) -> Act:
+    """`c / x` for a constant `c`: `c * reciprocal(x)`."""
+    inverse = activation(b, f"{node}_reciprocal", ("reciprocal", lambda: {}), x)
+    return affine_const(b, node, inverse, numerator, None)
 
 
 def _unsqueezed(b: Builder, node: str, x: Act, dim: int) -> Act:

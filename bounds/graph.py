@@ -17,7 +17,12 @@ from functools import cached_property
 import torch
 from torch import Tensor, fx, nn
 
-from bounds.errors import InvalidNetworkError, ShapeMismatchError, UnsupportedOperationError
+from bounds.errors import (
+    InvalidNetworkError,
+    ShapeMismatchError,
+    UnsupportedOperationError,
+    at_node,
+)
 from bounds.fx_handlers import INPUT, interpret
 from bounds.ops import ActivationOp, BoundOp
 from bounds.types import Interval
@@ -90,7 +95,7 @@ class Graph:
         region, e.g. ReLU splits) are intersected in where present."""
         out: dict[str, Interval] = {INPUT: box}
         for node in self.nodes[1:]:
-            iv = node.op.interval(*(out[i] for i in node.inputs))
+            iv = node_interval(node, [out[i] for i in node.inputs])
             out[node.name] = iv.intersect(given[node.name]) if given and node.name in given else iv
         return out
 
@@ -111,6 +116,13 @@ class Graph:
                 seen.add(current)
                 stack.extend(index[current].inputs)
         return seen
+
+
+def node_interval(node: Node, inputs: list[Interval]) -> Interval:
+    """The node's interval; a relaxation's domain error names the node."""
+    if isinstance(node.op, ActivationOp):
+        return at_node(node.op.relaxation.name, node.name, node.op.interval, *inputs)
+    return node.op.interval(*inputs)
 
 
 def _trace(module: nn.Module) -> fx.GraphModule:

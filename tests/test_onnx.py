@@ -476,7 +476,6 @@ UNSUPPORTED_FORMS = {
         [1, 2, 5, 5],
     ),
     "gemm_transA": ("Gemm", [n("Gemm x,W -> y", transA=1)], [tensor("W", (1, 3))], [1, 4]),
-    "div_by_activation": ("Div", [n("Div c,x -> y")], [tensor("c", (4,))], [1, 4]),
     "conv_3d": ("Conv", [n("Conv x,W -> y")], [tensor("W", (2, 2, 3, 3, 3))], [1, 2, 5, 5, 5]),
     "maxpool_padded": ("MaxPool", [n("MaxPool x -> y", kernel_shape=[2, 2], pads=[1, 1, 1, 1])],
                        [], [1, 1, 4, 4]),
@@ -497,6 +496,8 @@ NONLINEAR_CASES = {
         [n("Floor x -> a"), n("Exp a -> b"), n("Sin b -> c"), n("Cos c -> y")], [], [1, 4]
     ),
     "reciprocal_of_exp": ([n("Exp x -> a"), n("Reciprocal a -> y")], [], [1, 4]),
+    "constant_over_activation": ([n("Exp x -> a"), n("Div c,a -> y")], [tensor("c", (4,))],
+                                 [1, 4]),
     "leaky_prelu_clip": (
         [n("LeakyRelu x -> a", alpha=0.2), n("PRelu a,s -> b"), n("Clip b,lo,hi -> y")],
         [tensor("s", (1,)), scalar("lo", -0.5), scalar("hi", 0.5)],

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph, Node
+from bounds.errors import at_node
+from bounds.graph import Graph, Node, node_interval
 from bounds.methods.pacing import passed
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
@@ -211,7 +212,8 @@ def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
     def lines(act: str) -> Lines:
         if act not in cache:
             lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
-            cache[act] = graph[act].op.relaxation.linear_bounds(lower, upper)
+            relaxation = graph[act].op.relaxation
+            cache[act] = at_node(relaxation.name, act, relaxation.linear_bounds, lower, upper)
         return cache[act]
 
     return lines
@@ -262,7 +264,7 @@ def crown_intervals(
     targets = set(needs_crown(graph))
     given = given or {}
     for node in graph.nodes[1:]:
-        iv = node.op.interval(*(intervals[i] for i in node.inputs))
+        iv = node_interval(node, [intervals[i] for i in node.inputs])
         if node.name in given:
             iv = iv.intersect(given[node.name])
         if node.name in targets and not passed(deadline):

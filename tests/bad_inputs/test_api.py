@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import verify
-from bounds.errors import InvalidLimitError
+from bounds.errors import InvalidLimitError, UnsupportedOperationError
 from bounds.types import Budget
 from tests.bad_inputs.conftest import raises_where, unchanged_module
 from tests.soundness import assert_contains, box_samples
@@ -336,3 +336,26 @@ def test_methods_that_need_a_chain_name_the_node(method, where):
     net = _Concat().double()
     with raises_where(verify.UnsupportedOperationError, where):
         verify.bounds(net, 0.1, x=torch.zeros(1, 2, dtype=D), method=method)
+
+
+class _OverAnActivation(nn.Module):
+    """`1 / (w x + b)`: bounded only where the denominator's interval excludes 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2).double()
+
+    def forward(self, x):
+        return 1.0 / self.fc(x)
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown", "alpha-crown"])
+def test_a_relaxation_outside_its_domain_names_the_node(method):
+    net = _OverAnActivation()
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.eye(2, dtype=torch.float64))
+        net.fc.bias.zero_()
+    x = torch.full((1, 2), 0.5, dtype=torch.float64)
+    verify.bounds(net, 0.1, x=x, method=method)  # [0.4, 0.6]: fine
+    with unchanged_module(net), raises_where(UnsupportedOperationError, "reciprocal", "truediv"):
+        verify.bounds(net, 1.0, x=x, method=method)  # [-0.5, 1.5] contains 0

@@ -403,8 +403,9 @@ def _binary(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trace
         (x1, x2), batched, _ = broadcast_operands(b, node, [lhs, rhs])
         return b.function(fn, x1, x2, batched=batched)
     const_first = not isinstance(lhs, Traced)
-    if node.op_type == "Div" and const_first:
-        raise unsupported(node, "division by an activation is not affine")
+    if node.op_type == "Div" and const_first:  # c / x: the reciprocal (bounds.fx_nonlinear)
+        (c, x), batched, _ = broadcast_operands(b, node, [lhs, rhs])
+        return b.function(fn, b.buffer(f"{hint(node)}_const", c), x, batched=batched)
     k = int(not const_first)
     const = _const_operand(node, k, rhs if not const_first else lhs)
     if node.op_type == "Div" and not np.all(const != 0):
