@@ -1,5 +1,5 @@
-"""Public API: sound bounds (`bounds`), complete verification (`verify`), model and specification
-loading, errors."""
+"""Public API: sound bounds (`bounds`), complete verification (`verify`), certified activation
+monitors against silent data corruption (`monitor`), model and specification loading, errors."""
 
 from bounds.types import Bounds, Budget, Interval
 from verify.api import bounds, network_graph
@@ -15,15 +15,20 @@ from verify.errors import (
 )
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib import load_vnnlib
+from verify.monitor import Ball, Box, Monitor, MonitorMismatchError, monitor
 from verify.verifier import VerificationResult, verify
 
 __all__ = [
     "BabConfig",
+    "Ball",
     "Bounds",
+    "Box",
     "Budget",
     "Interval",
     "InvalidNetworkError",
     "InvalidRegionError",
+    "Monitor",
+    "MonitorMismatchError",
     "ShapeMismatchError",
     "SpecificationError",
     "UnsupportedOperationError",
@@ -33,6 +38,7 @@ __all__ = [
     "find_counterexample",
     "load_onnx",
     "load_vnnlib",
+    "monitor",
     "network_graph",
     "verify",
 ]

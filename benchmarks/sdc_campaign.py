@@ -1,0 +1,293 @@
+"""Silent-data-corruption campaign: verified activation monitors (`verify.monitor`) against
+profiled ranges (Ranger-like) and fixed clipping (+-6, +-100), side by side in one run.
+
+Rows: mnist_fc 256x2 and 256x6 on the [0, 1] pixel box and on L-inf balls of eps 0.1 around
+held-out test images; OVAL cifar_base on eps 8/255 balls (normalised outside the net); a
+digits MLP trained here (sklearn digits, [0, 1] box). Per row and fault model: SDC rate (top-1
+changed), detection rate on SDCs, false positives on fault-free held-out inputs, accuracy
+recovered by clipping, and the latency of the wrapped module against the plain one (batch 1
+and 256, interleaved calls, median of 5 blocks; the machine is shared, so only the ratios of
+the same run mean anything).
+
+Run: python benchmarks/sdc_campaign.py [--trials 10000] [--extra 2000] [--rows mnist_box,...]
+(needs ../shared/data, scikit-learn, matplotlib; 1 thread; writes
+benchmarks/results/sdc_campaign.{json,md,png})
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import CIFAR_MEAN, CIFAR_STD, DATA, RESULTS, write_json
+from verify.faults_cli import (
+    Bench,
+    Campaign,
+    Progress,
+    build_bench,
+    by_bit,
+    false_positives,
+    plot_by_bit,
+    profile_ranges,
+    run_campaign,
+    summarise,
+)
+from verify.io.onnx_loader import load_onnx
+from verify.monitor import Box, monitor
+
+MNIST = DATA / "vnncomp2022" / "mnist_fc" / "onnx"
+NOTES = """\
+Columns: SDC rate = trials whose top-1 class changed; detected SDC = share of those flagged by
+each method (ours: the verified CROWN ranges; profiled: per-layer min/max over the profiling
+rows, Ranger-like; fix6 / fix100: an activation outside +-6 / +-100); FP = fault-free
+held-out inputs flagged (box rows: the 50 held-out test images; ball rows: the held-out inputs
+and 20 random points of each ball; digits: the 597 test images); accuracy recovered = top-1
+accuracy of the clipped faulty network over the fault-free accuracy on the same inputs.
+Faults: "bitflip any/exponent" = one bit of a float32 word (uniform over all bits / the 8
+exponent bits); "value" = one element replaced by U[-1000, 1000]; "exponent-model" = one
+element's exponent field replaced by another (Ma et al. 2023). Weights: uniform over all
+parameter elements; activations: uniform over the elements of every Linear/Conv/ReLU output
+of one input. Latency: this thread's CPU time per call, plain module vs wrapped, interleaved
+call by call, median of 5 blocks (batch 1: 400 calls, 256: 40); 1 thread, on a 2-core machine
+shared with other jobs (their cache traffic inflates every extra pass over the activations).
+"""
+ROWS = ("mnist256x2_box", "mnist256x2_ball", "mnist256x6_box", "mnist256x6_ball",
+        "cifar_base_ball", "digits_box")  # fmt: skip
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(scale=255.0, layout="chw", mean=None, std=None, profile=0.5, range=[0.0, 1.0],
+                seed=0, method="crown", rows=None)  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+def mnist(width: str, domain) -> tuple:
+    net = load_onnx(MNIST / f"mnist-net_{width}.onnx.gz").eval()
+    args = _args(data=DATA / "oval" / "mnist_test_first100.csv", domain=domain)
+    return build_bench(args, net)
+
+
+def cifar(eps: float, rows: int) -> tuple:
+    net = load_onnx(DATA / "vnncomp2022" / "oval21" / "onnx" / "cifar_base_kw.onnx.gz").eval()
+    args = _args(data=DATA / "oval" / "cifar10_test_first100.csv", domain=("ball", [eps]),
+                 layout="hwc", mean=list(CIFAR_MEAN), std=[CIFAR_STD] * 3, rows=rows,
+                 profile=2 / 3)  # fmt: skip
+    return build_bench(args, net)
+
+
+def digits() -> tuple:
+    """A 64-64-32-10 ReLU MLP trained here on sklearn's digits (pixels / 16 in [0, 1])."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(data.target, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[perm], y[perm]
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                        nn.Linear(32, 10))  # fmt: skip
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    train = torch.arange(1200)
+    for _ in range(60):
+        for batch in train[torch.randperm(1200)].split(64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
+            opt.step()
+    net.eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    mon = monitor(net, Box(torch.zeros(64), torch.ones(64)))
+    return Bench(net, mon, x, y), train, torch.arange(1200, len(x))
+
+
+def load(row: str) -> tuple:
+    if row == "digits_box":
+        return digits()
+    if row == "cifar_base_ball":
+        return cifar(8 / 255, 75)
+    width = row[5:10]
+    return mnist(width, ("box", [0.0, 1.0]) if row.endswith("box") else ("ball", [0.1]))
+
+
+def fault_free_points(bench: Bench, held: torch.Tensor, per_region: int) -> tuple:
+    """The held-out inputs and, for ball domains, `per_region` random points of each ball."""
+    inputs, region = bench.inputs[held], None
+    if bench.region is not None:
+        box = bench.monitor.box
+        gen = torch.Generator().manual_seed(11)
+        r = torch.arange(box.lower.shape[0]).repeat_interleave(per_region)
+        t = torch.rand(len(r), *box.lower.shape[1:], generator=gen, dtype=torch.float64)
+        extra = (box.lower[r] + (box.upper[r] - box.lower[r]) * t).to(inputs.dtype)
+        inputs, region = torch.cat([inputs, extra]), torch.cat([bench.region[held], r])
+    return inputs, region
+
+
+def paired_latency(plain, wrapped, x, region, calls: int, blocks: int = 5) -> dict:
+    """Median seconds per call of each, interleaved call by call, per block; the ratio. The
+    clock is this thread's CPU time: a call preempted by the other jobs on the machine is not
+    charged for the wait (it still pays for the caches they evict)."""
+    out = {"plain": [], "wrapped": [], "ratio": []}
+    with torch.no_grad():
+        for _ in range(blocks):
+            a, b = [], []
+            for i in range(calls):
+                pair = ((plain, a, ()), (wrapped, b, (region,)))
+                for fn, times, extra in pair if i % 2 else pair[::-1]:
+                    start = time.thread_time()
+                    fn(x, *extra)
+                    times.append(time.thread_time() - start)
+            out["plain"].append(statistics.median(a))
+            out["wrapped"].append(statistics.median(b))
+            out["ratio"].append(out["wrapped"][-1] / out["plain"][-1])
+    return {"plain_s": statistics.median(out["plain"]), "wrapped_s":
+            statistics.median(out["wrapped"]), "ratio": statistics.median(out["ratio"]),
+            "ratio_min": min(out["ratio"]), "blocks": blocks, "calls": calls}  # fmt: skip
+
+
+def latency(bench: Bench, held: torch.Tensor) -> dict:
+    gen = torch.Generator().manual_seed(5)
+    out = {}
+    for batch in (1, 256):
+        pick = held[torch.randint(len(held), (batch,), generator=gen)]
+        x = bench.inputs[pick]
+        region = None if bench.region is None else bench.region[pick]
+        calls = 400 if batch == 1 else 40
+        for action, nodes in (("detect", "affine"), ("clip", "affine"), ("both", "affine"),
+                              ("detect", "all")):  # fmt: skip
+            wrapped = bench.monitor.wrap(bench.net, action, nodes=nodes)
+            key = f"b{batch}_{action}_{nodes}"
+            out[key] = paired_latency(bench.net, wrapped, x, region, calls)
+    return out
+
+
+def campaigns(trials: int, extra: int) -> list[tuple[str, Campaign]]:
+    out = []
+    for target in ("weight", "activation"):
+        out += [
+            (f"{target} bitflip any", Campaign(trials, target, "bitflip", "any")),
+            (f"{target} bitflip exponent", Campaign(extra, target, "bitflip", "exponent")),
+            (f"{target} value", Campaign(extra, target, "value")),
+            (f"{target} exponent-model", Campaign(extra, target, "exponent")),
+        ]
+    return out
+
+
+def run_row(row: str, trials: int, extra: int) -> tuple[dict, dict]:
+    start = time.perf_counter()
+    bench, prof, held = load(row)
+    build = time.perf_counter() - start
+    profiled = profile_ranges(bench, bench.inputs[prof])
+    points, region = fault_free_points(bench, held, 20)
+    result = {"build_s": build, "regions": bench.monitor.regions, "nodes": bench.monitor.affine,
+              "false_positives": false_positives(bench, profiled, points, region),
+              "campaigns": {}}  # fmt: skip
+    curves = {}
+    for label, campaign in campaigns(trials, extra):
+        rows = run_campaign(bench, held, profiled, campaign, Progress(f"{row} {label:>24}"))
+        result["campaigns"][label] = summarise(rows)
+        if label.endswith("bitflip any"):
+            curves[f"{row}: {label}"] = by_bit(rows)
+            result["campaigns"][label]["by_bit"] = curves[f"{row}: {label}"]
+    result["latency"] = latency(bench, held)
+    return result, curves
+
+
+def table(results: dict) -> str:
+    head = (
+        "| row | faults | trials | SDC rate | detected SDC ours / profiled / fix6 / fix100 "
+        "| FP ours / profiled / fix6 / fix100 | accuracy recovered ours / fix6 / fix100 |"
+    )
+    lines = [head, "|" + "---|" * 7]
+    for row, res in results.items():
+        fp = res["false_positives"]["rate"]
+        for label, s in res["campaigns"].items():
+            m = s["methods"]
+            det = " / ".join(f"{m[k]['detected_sdc']:.3f}" for k in m)
+            fps = " / ".join(f"{fp[k]:.3f}" for k in m)
+            acc = " / ".join(f"{m[k]['accuracy_recovered']:.3f}" for k in
+                             ("ours", "fixed6", "fixed100"))  # fmt: skip
+            lines.append(f"| {row} | {label} | {s['trials']} | {s['sdc_rate']:.4f} | {det} | "
+                         f"{fps} | {acc} |")  # fmt: skip
+    lines += ["", "| row | batch | action | plain ms | wrapped ms | overhead (median, min) |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for row, res in results.items():
+        for key, v in res["latency"].items():
+            batch, action, nodes = key.split("_")
+            lines.append(f"| {row} | {batch[1:]} | {action} ({nodes}) | {v['plain_s'] * 1e3:.3f} "
+                         f"| {v['wrapped_s'] * 1e3:.3f} | {100 * (v['ratio'] - 1):+.2f}% "
+                         f"({100 * (v['ratio_min'] - 1):+.2f}%) |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=10000, help="single-bit trials per target")
+    parser.add_argument("--extra", type=int, default=2000, help="trials of the other models")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
+    parser.add_argument("--name", default="sdc_campaign", help="results file stem")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="re-measure the latencies of the rows of an existing JSON")  # fmt: skip
+    parser.add_argument("--plot-only", action="store_true", help="re-plot an existing JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.latency_only:
+        return remeasure(args)
+    if args.plot_only:
+        return replot(args)
+    results, curves = {}, {}
+    for row in args.rows.split(","):
+        results[row], more = run_row(row, args.trials, args.extra)
+        curves.update(more)
+        print(table({row: results[row]}), flush=True)
+    payload = {"trials": args.trials, "extra": args.extra, "threads": 1,
+               "machine": "shared CPU (2 cores, other jobs running)", "rows": results}  # fmt: skip
+    write_json(f"{args.name}.json", payload)
+    text = table(results)
+    (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
+    plot_by_bit(curves, RESULTS / f"{args.name}.png")
+    print(text)
+
+
+def replot(args) -> None:
+    """The PNG of a previous run, from the per-bit rates in its JSON."""
+    import json
+
+    payload = json.loads((RESULTS / f"{args.name}.json").read_text())
+    curves = {
+        f"{row}: {label}": {int(b): v for b, v in s["by_bit"].items()}
+        for row, res in payload["rows"].items()
+        for label, s in res["campaigns"].items()
+        if "by_bit" in s
+    }
+    plot_by_bit(curves, RESULTS / f"{args.name}.png")
+    text = table(payload["rows"])
+    (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
+
+
+def remeasure(args) -> None:
+    """Latencies only, written into the JSON and markdown of a previous run."""
+    import json
+
+    payload = json.loads((RESULTS / f"{args.name}.json").read_text())
+    for row in args.rows.split(","):
+        if row in payload["rows"]:
+            bench, _, held = load(row)
+            payload["rows"][row]["latency"] = latency(bench, held)
+            print(table({row: payload["rows"][row]}), flush=True)
+    write_json(f"{args.name}.json", payload)
+    (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{table(payload['rows'])}")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
