@@ -199,6 +199,10 @@ def corners(lower: Tensor, upper: Tensor) -> Tensor:
     return torch.where(mask, upper, lower)
 
 
+SAMPLE_CHUNK = 256
+"""Uniform samples evaluated per forward pass of `best_samples`."""
+
+
 def best_samples(
     net: nn.Module,
     lower: Tensor,
@@ -206,12 +210,23 @@ def best_samples(
     spec: UnsafeSpec,
     config: AttackConfig,
     generator: torch.Generator,
+    deadline: float | None = None,
 ) -> Tensor:
-    """The `config.restarts` best of `config.samples` uniform points of the box (by `v`)."""
+    """The `config.restarts` best of `config.samples` uniform points of the box (by `v`),
+    evaluated in chunks of `SAMPLE_CHUNK`; once `deadline` (`time.monotonic()`) would pass
+    before the next chunk ends (predicted from the slowest chunk so far), the rest are not
+    evaluated (a large network can take seconds per chunk)."""
     points = random_points(lower, upper, max(config.samples, config.restarts), generator)
+    values, slowest = [], 0.0
     with torch.no_grad():
-        values = violation(net(points), spec)
-    return points[values.argsort()[: config.restarts]]
+        for start in range(0, len(points), SAMPLE_CHUNK):
+            if values and deadline is not None and time.monotonic() + slowest > deadline:
+                break
+            tick = time.monotonic()
+            values.append(violation(net(points[start : start + SAMPLE_CHUNK]), spec))
+            slowest = max(slowest, time.monotonic() - tick)
+    found = torch.cat(values)
+    return points[: len(found)][found.argsort()[: config.restarts]]
 
 
 def random_points(lower: Tensor, upper: Tensor, n: int, generator: torch.Generator) -> Tensor:
@@ -233,9 +248,10 @@ def find_counterexample(
     """A validated counterexample `x [n_in]` (float64, inside the box) of the region, or None;
     `validate(net, region, x)` gives `(x, y)`.
 
-    PGD from the box centre, `extra_points [k, *input_shape]` and `config.restarts` uniform
-    random points; the best point is confirmed by `validate`. `deadline`
-    (`time.monotonic()`): PGD stops early to end by then (see `pgd`).
+    PGD from the box centre, `extra_points [k, *input_shape]` and the `config.restarts` best
+    of the uniform samples; the best point is confirmed by `validate`. `deadline`
+    (`time.monotonic()`): sampling stops after a quarter of the time left, PGD early enough to
+    end by then (see `best_samples`, `pgd`).
     """
     config = config or AttackConfig()
     if not region.unsafe:
@@ -245,7 +261,11 @@ def find_counterexample(
     lower, upper = (t.to(param.device) for t in region_box(region, shape, param.dtype))
     spec = UnsafeSpec.of(region, param.dtype, param.device)
     generator = torch.Generator().manual_seed(seed)
-    starts = [(lower + upper) / 2, best_samples(net, lower, upper, spec, config, generator)]
+    # Sampling gets a quarter of the time left: PGD, and the bounds after the attack, need it.
+    now = time.monotonic()
+    sample_deadline = None if deadline is None else now + max(0.0, deadline - now) / 4
+    sampled = best_samples(net, lower, upper, spec, config, generator, sample_deadline)
+    starts = [(lower + upper) / 2, sampled]
     if lower.numel() <= config.max_corner_dims:
         starts.append(corners(lower, upper))
     if extra_points is not None:
