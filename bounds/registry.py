@@ -74,7 +74,7 @@ def _ibp(graph, box, C, config, budget, given) -> MethodResult:
 
 @register_method("crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds")
 def _crown(graph, box, C, config, budget, given) -> MethodResult:
-    return (*crown(graph, box, C, given), {})
+    return (*crown(graph, box, C, given, deadline=deadline_of(budget)), {})
 
 
 @register_method("alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)")

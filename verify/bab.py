@@ -238,9 +238,11 @@ class RegionBab(RegionSearch):
     ) -> Tensor:
         method = self.config.strong_method if strong else self.config.method
         options = dict(self.config.strong_options) if strong else {}
+        left = max(1e-3, self.deadline - time.monotonic())
         if strong:  # iterative: a share of the time left (paced on the host clock)
-            left = self.deadline - time.monotonic()
-            options |= {"budget": Budget(seconds=max(1e-3, 0.3 * left))}
+            options |= {"budget": Budget(seconds=0.3 * left)}
+        elif method != "ibp":  # CROWN's layers stop at the deadline (IBP's intervals after it)
+            options |= {"budget": Budget(seconds=left)}
         result = bounds(
             self.graph,
             lower=lower.reshape(-1, *self.shape),

@@ -287,11 +287,12 @@ def interval_bound(C: Tensor, output: Interval) -> Tensor:
 
 def crown(
     graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None,
-    every_neuron: bool = False,
+    every_neuron: bool = False, deadline: float | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
     """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`
-    (`every_neuron`: see `crown_intervals`)."""
-    intervals = crown_intervals(graph, box, given, every_neuron=every_neuron)
+    (`every_neuron`, `deadline`: see `crown_intervals`; past the deadline the neurons left keep
+    their IBP intervals, and the output's backward pass still runs)."""
+    intervals = crown_intervals(graph, box, given, deadline, every_neuron)
     A = output_functional(graph, C)
     result = backward_bound(graph, graph.output.name, A, box, default_lines(graph, intervals))
     result = torch.maximum(result, interval_bound(C, intervals[graph.output.name]))
