@@ -106,11 +106,11 @@ def table(rows: list[dict], scale: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.1)
-    parser.add_argument("--only", default=None, help="comma-separated benchmark names")
+    parser.add_argument("--only", default=None, help="comma-separated benchmark names, in order")
     args = parser.parse_args()
     names = sorted(p.parent.name for p in DATA.glob("*/instances.csv"))
-    if args.only:
-        names = [n for n in names if n in args.only.split(",")]
+    if args.only:  # in the order given
+        names = [n for n in args.only.split(",") if n in names]
     rows = []
     for name in names:
         out, seconds = run_benchmark(name, args.scale)
