@@ -32,13 +32,21 @@ from kernels.crf_updates import (
     project_simplex,
 )
 
-__all__ = ["cases", "instance", "solver_cases", "update_cases"]
+__all__ = ["cases", "instance", "instance_arrays", "solver_cases", "update_cases"]
 
 LABELS = 21
 
 
 def instance(h: int, w: int, m: int = LABELS, seed: int = 0, device: str = "cpu") -> CRFModel:
     """The benchmark model (see the module docstring) on an (h, w) image with m labels."""
+    img, unary = instance_arrays(h, w, m, seed)
+    return crf.DenseCRF(img, unary, device=device).model
+
+
+def instance_arrays(
+    h: int, w: int, m: int = LABELS, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark image (h, w, 3) uint8 and unaries (h, w, m) float32 (module docstring)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
     img = np.stack([255 * xx / w, 255 * yy / h, 128 + 60 * np.sin(xx / 5)], -1)
@@ -49,7 +57,7 @@ def instance(h: int, w: int, m: int = LABELS, seed: int = 0, device: str = "cpu"
     logits = 3.0 * np.eye(m)[truth] + rng.normal(0, 1.5, (h, w, m))
     prob = np.exp(logits - logits.max(-1, keepdims=True))
     prob /= prob.sum(-1, keepdims=True)
-    return crf.DenseCRF(img, crf.unary_from_probs(prob), device=device).model
+    return img, crf.unary_from_probs(prob)
 
 
 def _meanfield(model: CRFModel) -> Case:

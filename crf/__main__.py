@@ -1,9 +1,13 @@
-"""Command line: ``python -m crf refine IMAGE ANNOTATION_OR_PROBS --method lp --out OUT.png``.
+"""Command line of the dense CRF.
 
-Writes the colour-coded labelling to OUT and an overlay picture (image blended with the
-labelling) next to it (``--overlay``, default ``OUT_overlay.png``); prints energy and time.
-Every argument, input file header and output folder is checked before any work; bad input
-exits with status 2 and a message naming the argument or file, and writes nothing.
+- ``python -m crf refine IMAGE ANNOTATION_OR_PROBS --method lp --out OUT.png``: writes the
+  colour-coded labelling to OUT and an overlay picture (image blended with the labelling) next
+  to it (``--overlay``, default ``OUT_overlay.png``); prints energy and time. Every argument,
+  input file header and output folder is checked before any work; bad input exits with status
+  2 and a message naming the argument or file, and writes nothing.
+- ``python -m crf refine-dir IMAGES PROBS --out DIR``: a folder of images with ``.npy``
+  probability maps (see :mod:`crf.refine_dir`); a file that cannot be used is reported and
+  skipped (exit status 1 when any was), the others are refined.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from crf.io import (
     save_images,
 )
 from crf.model import KernelParams
+from crf.refine_dir import add_parser as add_refine_dir
+from crf.refine_dir import refine_dir
 from crf.validate import as_budget, as_iterations
 
 
@@ -41,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--iterations", type=int, default=None)
     r.add_argument("--budget", type=float, default=None, help="seconds")
     r.add_argument("--gt-prob", type=float, default=0.7)
+    _kernel_args(r)
+    add_refine_dir(sub, _kernel_args)
+    return p
+
+
+def _kernel_args(r: argparse.ArgumentParser) -> None:
+    """The model options shared by the sub-commands."""
     r.add_argument("--normalize", default="symmetric", choices=["symmetric", "none"])
     r.add_argument("--w-smooth", type=float, default=3.0)
     r.add_argument("--sigma-smooth", type=float, default=3.0)
@@ -48,7 +61,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--sigma-xy", type=float, default=80.0)
     r.add_argument("--sigma-rgb", type=float, default=13.0)
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    return p
 
 
 def _check_args(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -104,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 on bad input, with the message on stderr)."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "refine-dir":
+            return refine_dir(args)
         refine(args)
     except CRFInputError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -34,15 +34,15 @@ __all__ = [
 
 def labelling_energy(model: CRFModel, labels: torch.Tensor, *, raw: bool = True) -> torch.Tensor:
     """(B,) float64 energies of (B, N) integer labellings; ``raw``: un-normalised kernels."""
-    b, n, m = model.unary.shape
+    b, n = model.unary.shape[:2]
     if labels.shape != (b, n):
         raise ShapeMismatchError(f"labelling_energy: labels {tuple(labels.shape)} != {(b, n)}")
-    lab = labels.long()
-    onehot = torch.nn.functional.one_hot(lab, m).to(model.unary.dtype)
+    lab = labels.long()[..., None]
+    onehot = torch.zeros_like(model.unary).scatter_(2, lab, 1.0)
     filt = model.filter_raw if raw else model.filter
     sums = model.raw_row_sums if raw else model.row_sums
-    same = (filt(onehot) * onehot).sum(-1).double()  # (K X)_{a, x_a}
-    unary = torch.gather(model.unary, 2, lab[..., None]).squeeze(-1).double()
+    same = torch.gather(filt(onehot), 2, lab).squeeze(-1).double()  # (K X)_{a, x_a}
+    unary = torch.gather(model.unary, 2, lab).squeeze(-1).double()
     return unary.sum(1) + (sums.squeeze(-1).double() - same).sum(1)
 
 

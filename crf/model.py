@@ -22,7 +22,9 @@ from functools import cached_property
 import torch
 
 from crf.errors import ConfigError, CRFInputError
+from crf.fused import REUSE_BYTES, FusedFilter, FusedMeanField
 from crf.pairwise import ExactKernel, LatticeKernel
+from kernels import backend
 
 __all__ = [
     "MAX_EXACT_ENTRIES",
@@ -101,16 +103,60 @@ class CRFModel:
     def n_labels(self) -> int:
         return self.unary.shape[-1]
 
-    def filter(self, v: torch.Tensor) -> torch.Tensor:
-        """Model kernel ``sum_m w_m n_m k_m (n_m v)``, the pixel itself included."""
-        out = None
+    def uses_fused(self, v: torch.Tensor) -> bool:
+        """Whether filtering ``v`` takes the fused path (:mod:`crf.fused`): eager, lattice
+        kernels, CSR matrices (no Triton)."""
+        if not self.terms or torch.compiler.is_compiling() or backend.use_triton(v):
+            return False
+        return all(isinstance(t.kernel, LatticeKernel) for t in self.terms)
+
+    @cached_property
+    def _fused(self) -> FusedFilter:
+        terms = self.terms
+        return FusedFilter(
+            [t.kernel.lattice for t in terms], [t.weight for t in terms], [t.norm for t in terms]
+        )
+
+    @cached_property
+    def _fused_raw(self) -> FusedFilter:
+        if all(t.norm is None for t in self.terms):
+            return self._fused
+        terms = self.terms
+        return FusedFilter(
+            [t.kernel.lattice for t in terms], [t.weight for t in terms], [None] * len(terms)
+        )
+
+    def fused_meanfield(self, like: torch.Tensor) -> FusedMeanField | None:
+        """A blocked mean-field updater on the fused CPU path (:class:`crf.fused.
+        FusedMeanField`) for marginals like ``like`` too large for the allocator to reuse
+        (:data:`crf.fused.REUSE_BYTES`), or None (then the plain step is as fast)."""
+        if not self.uses_fused(like) or like.device.type != "cpu" or like.shape[-1] <= 8:
+            return None
+        if like.numel() * like.element_size() <= REUSE_BYTES:
+            return None
+        if not FusedMeanField.available():
+            return None
+        return FusedMeanField(self._fused, like)
+
+    def filter(
+        self, v: torch.Tensor, subtract: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Model kernel ``sum_m w_m n_m k_m (n_m v)``, the pixel itself included (minus
+        ``subtract`` (B, N, C) when given), into ``out`` (contiguous, v's shape) if given."""
+        if self.uses_fused(v):
+            return self._fused(v, subtract, out)
+        res = None
         for t in self.terms:
             f = t.kernel.filter(v) if t.norm is None else t.norm * t.kernel.filter(t.norm * v)
-            out = f.mul_(t.weight) if out is None else out.add_(f, alpha=t.weight)
-        return torch.zeros_like(v) if out is None else out
+            res = f.mul_(t.weight) if res is None else res.add_(f, alpha=t.weight)
+        res = torch.zeros_like(v) if res is None else res
+        res = res if subtract is None else res - subtract
+        return res if out is None else out.copy_(res)
 
     def filter_raw(self, v: torch.Tensor) -> torch.Tensor:
         """Un-normalised kernel ``sum_m w_m k_m v`` (used for reported energies)."""
+        if self.uses_fused(v):
+            return self._fused_raw(v)
         out = torch.zeros_like(v)
         for t in self.terms:
             out.add_(t.kernel.filter(v), alpha=t.weight)

@@ -22,10 +22,11 @@ def level_sums_generic(
 ) -> torch.Tensor:
     """Reference level filtering through cumulative masks: O(H) filterings of M channels.
 
-    ``levels`` (B, N, M) int64 in [0, H), ``weight`` (B, N, 1) per-pixel splat weight ``u_b``.
+    ``levels`` (B, N, M) integers in [0, H), ``weight`` (B, N, 1) per-pixel splat weight ``u_b``.
     Returns (B, N, M) ``sum_b k_ab u_b ([lev_b <= lev_a] + [lev_b < lev_a])``.
     """
     b, n, m = levels.shape
+    levels = levels.long()
     h = torch.arange(n_levels, device=levels.device)
     masks = (levels[:, :, None, :] <= h[None, None, :, None]).to(weight.dtype) * weight[..., None]
     cum = filt(masks.reshape(b, n, n_levels * m)).reshape(b, n, n_levels, m)

@@ -205,12 +205,19 @@ def lattice_splat_reference(
     return out
 
 
-def lattice_blur_reference(lattice: torch.Tensor, neighbours: torch.Tensor) -> torch.Tensor:
-    """Blur (R, C) lattice values along the axes of the (d+1, 2, R) neighbour table, in order."""
-    for j in range(neighbours.shape[0]):
+def lattice_blur_reference(
+    lattice: torch.Tensor, neighbours: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Blur (R, C) lattice values along the axes of the (d+1, 2, R) neighbour table, in order;
+    the last axis writes into ``out`` (R, C) when given (it must not overlap ``lattice``)."""
+    last = neighbours.shape[0] - 1
+    for j in range(last + 1):
         acc = lattice.index_select(0, neighbours[j, 0])
         acc += lattice.index_select(0, neighbours[j, 1])
-        lattice = torch.add(lattice, acc, alpha=0.5)
+        if j == last and out is not None:
+            lattice = torch.add(lattice, acc, alpha=0.5, out=out)
+        else:
+            lattice = torch.add(lattice, acc, alpha=0.5)
     return lattice
 
 

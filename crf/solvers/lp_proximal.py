@@ -20,6 +20,18 @@ Inner loop (Sec. 4.2): block-coordinate descent on the dual, whose primal is
 
 Rounding by argmax after every outer step, keeping the best labelling (model energy).
 
+With a seconds budget, an outer iteration is not started when it is predicted to end past
+the budget (the first one is estimated from a rounding's time, see ``ITERATION_COST``).
+
+Measured (issue 15; 21-label photos, one CPU thread, the model of ``benchmarks/crf_table.py``): one outer iteration on coffee (400 x 600) costs about 0.76 s,
+some 17 filterings of the labels: the level filtering 68 % (mostly the blur of the
+(H - 1) M = 189 level channels), the three projections 14 %, the rounding 9 %, the binning 5 %,
+the alpha block 4 %. Fewer levels did not pay: from the same DC-neg solution, H = 4 made no
+progress in 10 iterations where H = 10 gained 3.7 %, so H stays 10. The init stays DC-neg:
+QP is worse at the same time (coffee: 30 QP steps 1.084e6 in 11.9 s; mean-field + 20 DC-neg
+steps 1.007e6 in 5.1 s). And DC-neg itself used the time better: 20 more DC-neg steps (4.6 s)
+reached 9.3 % below the 20-step solution, 10 PROX-LP steps (10 s) 3.7 %.
+
 Pure steps, run through ``torch.compile`` with ``compile=True`` (:mod:`crf.compile`): the
 accelerated anchor (:func:`anchor_step`, momentum as a 0-d tensor), the (beta, gamma) block from
 the anchor (:func:`primal_step`) and one dual pass (:func:`dual_pass`); the clock is checked
@@ -28,6 +40,7 @@ between them. Compiled code always uses the dense level filtering.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -48,6 +61,13 @@ __all__ = [
     "lp_proximal",
     "primal_step",
 ]
+
+
+#: A-priori cost of the first outer iteration, in filterings of the labels (a rounding): the
+#: measured cost is about ``ITERATION_COST + levels`` (two level filterings of H levels, three
+#: projections, a rounding); with a seconds budget the solver does not start an iteration that
+#: would end past it (see :class:`crf.solvers.common.Budget`).
+ITERATION_COST = 2
 
 
 @dataclass(frozen=True)
@@ -82,11 +102,15 @@ class LPConfig:
 
 
 def _levels(y: torch.Tensor, n_levels: int) -> torch.Tensor:
-    """Quantise (B, N, M) values into H levels per image and label after an order-preserving
-    rescaling to [0, 1] (the range of each label channel is stretched)."""
-    low = y.amin(1, keepdim=True)
-    span = (y.amax(1, keepdim=True) - low).clamp_min(1e-12)
-    return ((y - low) / span * n_levels).long().clamp_(0, n_levels - 1)
+    """Quantise (B, N, M) values into H levels (int32) per image and label after an
+    order-preserving rescaling to [0, 1] (the range of each label channel is stretched)."""
+    if torch.compiler.is_compiling() or y.device.type != "cpu":
+        low, high = y.amin(1, keepdim=True), y.amax(1, keepdim=True)
+    else:  # reductions over pixels are ~50x faster on the label-major copy (CPU)
+        t = y.transpose(1, 2).contiguous()
+        low, high = t.amin(2).unsqueeze(1), t.amax(2).unsqueeze(1)
+    scale = n_levels / (high - low).clamp_min(1e-12)
+    return (y - low).mul_(scale).clamp_(0, n_levels - 1).to(torch.int32)  # int32: 30x faster
 
 
 def conditional_gradient(model: CRFModel, y: torch.Tensor, n_levels: int) -> torch.Tensor:
@@ -144,13 +168,17 @@ def _restrict(
 @register("lp", LPConfig)
 def lp_proximal(model: CRFModel, init: torch.Tensor | None, config: LPConfig) -> SolverResult:
     """PROX-LP from ``init`` (B, N, M) marginals or ``softmax(-phi)``."""
-    budget = Budget(config.iterations, config.seconds, config.check_every)
+    start = time.perf_counter()
     y0 = torch.softmax(-model.unary, -1) if init is None else init
     full, (model, keep) = model, _restrict(model, y0, config.mass_threshold)
     y = y0 if keep is None else project_simplex(y0[..., keep])
     lam = config.lam / model.row_sums.mean((1, 2), keepdim=True)
     best = BestLabelling(model)
-    best.update(y)
+    rounding = time.perf_counter()
+    best.update(y)  # one filtering of the labels: the unit of the first iteration's estimate
+    first = (time.perf_counter() - rounding) * (ITERATION_COST + config.levels) * config.inner
+    budget = Budget(config.iterations, config.seconds, config.check_every, first_step_s=first)
+    budget.start = start
     a_alpha = torch.zeros_like(y)
     anchor_fn, primal_fn, dual_fn = (
         step_function(fn, config.compile) for fn in (anchor_step, primal_step, dual_pass)

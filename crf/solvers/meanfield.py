@@ -21,7 +21,7 @@ import torch
 
 from crf.compile import step_function
 from crf.model import CRFModel
-from crf.rounding import BestLabelling
+from crf.rounding import BestLabelling, argmax_labels
 from crf.solvers.common import Budget, SolverResult, check_flags, check_positive, register
 from kernels.crf_updates import meanfield_normalise, softmax_labels
 
@@ -56,10 +56,26 @@ class MeanFieldConfig:
 
 def step(model: CRFModel, q: torch.Tensor, include_self: bool) -> torch.Tensor:
     """One parallel mean-field update of (B, N, M) marginals ``q``: ``softmax(K q - phi)``."""
+    if model.uses_fused(q):  # eager CPU: K q - phi straight out of one sparse product
+        x = model.filter(q, subtract=model.unary)
+        if not include_self:
+            x -= model.self_weight * q
+        return softmax_labels(x)
     msg = model.filter(q)
     if not include_self:
         msg = msg - model.self_weight * q
     return meanfield_normalise(msg, model.unary)
+
+
+def _blocked(model: CRFModel, q: torch.Tensor):
+    """:func:`step` as the blocked, buffer-reusing updater of the fused CPU path (the same
+    update; about a third faster on large images and batches), or None."""
+    updater = model.fused_meanfield(q)
+    if updater is None:
+        return None
+    return lambda model, q, include_self: updater(
+        q, model.unary, None if include_self else model.self_weight
+    )
 
 
 @register("meanfield", MeanFieldConfig)
@@ -69,6 +85,8 @@ def mean_field(model: CRFModel, init: torch.Tensor | None, config: MeanFieldConf
     q = softmax_labels(-model.unary) if init is None else init
     best = BestLabelling(model) if config.track_best else None
     update = step_function(step, config.compile)
+    if not config.compile:
+        update = _blocked(model, q) or update
     it, change = 0, float("nan")
     while not budget.exhausted(it):
         new = update(model, q, config.include_self)
@@ -81,7 +99,7 @@ def mean_field(model: CRFModel, init: torch.Tensor | None, config: MeanFieldConf
         if best is not None:
             best.update(q)
     seconds = budget.elapsed()
-    labels = q.argmax(-1)
+    labels = argmax_labels(q)
     if best is None:  # the classic output: the final argmax (its energy is computed by the caller)
         energy = torch.full(labels.shape[:1], float("nan"), dtype=torch.float64)
         return SolverResult(q, labels, energy, it, seconds, {"last_change": change})

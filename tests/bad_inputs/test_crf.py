@@ -20,6 +20,7 @@ from PIL import Image
 
 import crf
 import crf.io
+import crf.refine_dir
 from crf.__main__ import _parser, main, refine
 from crf.api import DenseCRF
 from crf.errors import (
@@ -594,3 +595,138 @@ def test_example_output_folder(make, where, tmp_path):
     with no_side_effects(tmp_path), raises_where(OutputPathError, *where):
         module.main(["--synthetic", "--out", str(out)])
     assert not (tmp_path / "a").exists()
+
+
+# --- tensors (issue 15): checked on their device, same messages -----------------------------
+
+TENSOR_CASES = _cases(
+    (
+        "probs-nan-index",
+        lambda: {"probs": torch.from_numpy(_with(PROBS, (3, 4, 1), NAN))},
+        InvalidValueError,
+        ("probs", "NaN", "(3, 4, 1)"),
+    ),
+    (
+        "probs-negative-index",
+        lambda: {"probs": torch.from_numpy(_with(PROBS, (2, 5, 0), -0.5))},
+        InvalidValueError,
+        ("probs", "negative", "(2, 5, 0)"),
+    ),
+    (
+        "probs-logits",
+        lambda: {"probs": torch.full((H, W, 2), 3.0)},
+        InvalidValueError,
+        ("probs", "sum to 6.0000", "(y, x) (0, 0)"),
+    ),
+    (
+        "probs-batch-mismatch",
+        lambda: {"probs": torch.full((2, H, W, 2), 0.5)},
+        ShapeMismatchError,
+        ("probs", "(H, W, M)", "(2, 12, 14, 2)"),
+    ),
+    (
+        "unary-inf-index",
+        lambda: {"unary": torch.from_numpy(_with(_unary(), (1, 2, 0), INF))},
+        InvalidValueError,
+        ("unary", "non-finite", "(1, 2, 0)"),
+    ),
+    (
+        "unary-size",
+        lambda: {"unary": torch.zeros(H, W + 1, 3)},
+        ShapeMismatchError,
+        ("unary", "(1, 12, 15)", "(1, 12, 14)"),
+    ),
+    (
+        "image-float-tensor",
+        lambda: {"image": torch.rand(H, W, 3), "unary": _unary()},
+        InvalidValueError,
+        ("image", "torch.float32", "uint8"),
+    ),
+    (
+        "image-range-tensor",
+        lambda: {"image": torch.full((H, W, 3), 300, dtype=torch.int32), "unary": _unary()},
+        InvalidValueError,
+        ("image", "[0, 255]", "300"),
+    ),
+    (
+        "both-unary-and-probs",
+        lambda: {"unary": _unary(), "probs": PROBS},
+        InvalidValueError,
+        ("exactly one of unary", "probs"),
+    ),
+    ("neither", lambda: {}, InvalidValueError, ("exactly one of unary", "probs")),
+)
+
+
+@pytest.mark.parametrize(("make", "error", "where"), TENSOR_CASES)
+def test_tensor_inputs(make, error, where):
+    kwargs = make()
+    image = kwargs.pop("image", torch.from_numpy(_image()))
+    probs = kwargs.get("probs")
+    before = None if probs is None or not isinstance(probs, torch.Tensor) else probs.clone()
+    with raises_where(error, *where):
+        DenseCRF(image, **kwargs)
+    if before is not None:  # nothing mutated
+        assert torch.equal(before, probs) or torch.isnan(before).any()
+
+
+# --- refine-dir (issue 15): checked before any work; a bad file is reported and skipped -----
+
+
+@pytest.fixture
+def dir_files(tmp_path) -> Path:
+    """tmp_path/img (three images), tmp_path/prob (their probabilities, one corrupt)."""
+    (tmp_path / "img").mkdir()
+    (tmp_path / "prob").mkdir()
+    for i in range(3):
+        _save(tmp_path / "img" / f"im{i}.png", _image())
+        _npy(tmp_path / "prob" / f"im{i}.npy", PROBS)
+    _bytes(tmp_path / "prob" / "im1.npy", b"\x93NUMPY\x01\x00garbage")
+    return tmp_path
+
+
+DIR_CASES = _cases(
+    ("images-missing", "{d}/nope {d}/prob --out {d}/out", InputFileError, ("IMAGES", "nope")),
+    ("probs-is-a-file", "{d}/img {d}/img/im0.png --out {d}/out", InputFileError, ("PROBS", "im0.png", "not a folder")),
+    ("out-is-a-file", "{d}/img {d}/prob --out {d}/img/im0.png", OutputPathError, ("--out", "im0.png", "is a file")),
+    ("out-is-input", "{d}/img {d}/prob --out {d}/img", OutputPathError, ("--out", "input folder")),
+    ("out-parent-missing", "{d}/img {d}/prob --out {d}/a/b", OutputPathError, ("--out", "does not exist")),
+    ("batch-size-zero", "{d}/img {d}/prob --out {d}/out --batch-size 0", ConfigError, ("--batch-size", "0")),
+    ("sigma-zero", "{d}/img {d}/prob --out {d}/out --sigma-xy 0", ConfigError, ("sigma_xy", "got 0.0")),
+    ("device-bogus", "{d}/img {d}/prob --out {d}/out --device gpu0", ConfigError, ("--device", "gpu0")),
+    ("no-images", "{d}/prob {d}/prob --out {d}/out", InputFileError, ("IMAGES", "holds no images")),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("template", "error", "where"), DIR_CASES)
+def test_refine_dir_checks_before_any_work(template, error, where, dir_files):
+    args = _parser().parse_args(["refine-dir", *template.format(d=dir_files).split()])
+    with no_side_effects(dir_files), raises_where(error, *where):
+        crf.refine_dir.refine_dir(args)
+    assert not (dir_files / "out").exists()
+
+
+def test_refine_dir_duplicate_names(dir_files):
+    _save(dir_files / "img" / "im0.bmp", _image())
+    args = _parser().parse_args(
+        ["refine-dir", *f"{dir_files}/img {dir_files}/prob --out {dir_files}/out".split()]
+    )
+    with no_side_effects(dir_files), raises_where(InputFileError, "im0.bmp", "share the name"):
+        crf.refine_dir.refine_dir(args)
+
+
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_refine_dir_reports_a_corrupt_file_and_goes_on(dir_files, capsys, batch):
+    """One corrupt probability map among three: reported (path and reason), skipped; the other
+    two are refined; exit status 1."""
+    argv = ["refine-dir", str(dir_files / "img"), str(dir_files / "prob")]
+    assert (
+        main([*argv, "--out", str(dir_files / "out"), "--batch-size", batch, "--iterations", "2"])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "im1.npy" in err and "skipped" in err and "refined 2 of 3" in err
+    assert sorted(p.name for p in (dir_files / "out").iterdir()) == ["im0.png", "im2.png"]
+    np.save(dir_files / "prob" / "im1.npy", PROBS)  # repaired: all three, exit status 0
+    assert main([*argv, "--out", str(dir_files / "out2"), "--overlay", "--no-progress"]) == 0
+    assert len(list((dir_files / "out2").iterdir())) == 6

@@ -155,3 +155,35 @@ def test_cuda_kernels_match_cpu_references(dtype):
         torch.testing.assert_close(o.cpu(), rf, **_tol(dtype))
     direction = frank_wolfe_direction(unary.cuda(), v.cuda()).cpu()
     torch.testing.assert_close(direction, frank_wolfe_direction(unary, v, use_triton=False))
+
+
+def _projection_by_definition(v: torch.Tensor) -> torch.Tensor:
+    """Held, Wolfe and Crowder / Duchi et al.: sort, the last index with u_k > (css_k - 1) / k."""
+    u = torch.sort(v, dim=-1, descending=True).values
+    css = torch.cumsum(u, -1) - 1.0
+    k = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype)
+    rho = ((u - css / k) > 0).to(torch.int64).cumsum(-1).argmax(-1, keepdim=True)
+    return torch.clamp(v - torch.gather(css, -1, rho) / (rho + 1).to(v.dtype), min=0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 2, 5, 21])
+def test_project_simplex_cpu_fast_path(m, dtype):
+    """The eager CPU reference (numpy sort, max over the prefix thresholds, in place with
+    ``overwrite``) equals the textbook projection; ties and constant rows included."""
+    if torch.get_default_device().type != "cpu":
+        pytest.skip("the numpy path is for CPU tensors")
+    g = torch.Generator().manual_seed(m)
+    v = torch.randn(300, m, generator=g, dtype=dtype) * 3
+    v[:20] = 0.25  # constant rows
+    v[20:40, : m // 2] = 1.0  # ties at the top
+    ref = _projection_by_definition(v)
+    out = project_simplex_reference(v)
+    torch.testing.assert_close(out, ref, **_tol(dtype))
+    torch.testing.assert_close(out.sum(-1), torch.ones(300, dtype=dtype), **_tol(dtype))
+    w = v.clone()
+    assert project_simplex(w, overwrite=True).data_ptr() == w.data_ptr()  # written in place
+    torch.testing.assert_close(w, ref, **_tol(dtype))
+    before = v.clone()
+    project_simplex(v)
+    assert torch.equal(v, before)  # the default leaves the input alone
