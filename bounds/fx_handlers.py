@@ -30,7 +30,6 @@ from bounds.fx_common import (
     Builder,
     NodeSpec,
     affine_const,
-    expand_to,
     reshape_result,
     unsupported,
 )
@@ -77,15 +76,8 @@ def _arith(kind: str) -> Callable[..., Act]:
 
 def _sum_of_acts(b: Builder, node: str, kind: str, lhs: Act, rhs: Act) -> Act:
     """`lhs +- rhs`, both broadcast (per sample) to their common shape first."""
-    try:
-        out = torch.broadcast_shapes(lhs.value.shape, rhs.value.shape)
-    except RuntimeError as err:
-        raise unsupported(kind, node, f"broadcast of {lhs.shape} and {rhs.shape}") from err
-    if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():
-        raise unsupported(kind, node, f"broadcast of {lhs.shape} and {rhs.shape} over the batch")
-    target = tuple(out[1:])
-    lhs, rhs = (expand_to(b, f"{node}_{k}", a, target) for k, a in enumerate((lhs, rhs)))
-    return b.add(node, SumOp(target, (1.0, 1.0 if kind == "add" else -1.0)), [lhs, rhs])
+    lhs, rhs = products.common_shape(b, node, kind, lhs, rhs)
+    return b.add(node, SumOp(lhs.shape, (1.0, 1.0 if kind == "add" else -1.0)), [lhs, rhs])
 
 
 def _matmul(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
@@ -214,6 +206,8 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
         return products.max_pool_module(b, node, x, mod)
     if isinstance(mod, nn.Softmax):
         return products.softmax_module(b, node, x, mod)
+    if isinstance(mod, nn.PReLU):
+        return products.prelu_module(b, node, x, mod)
     if isinstance(mod, nn.AvgPool2d):
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
@@ -255,6 +249,7 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     F.max_pool2d: products.max_pool2d,
     torch.maximum: products.binary("maximum"),
     F.softmax: products.softmax,
+    F.prelu: products.prelu,
     torch.softmax: products.softmax,
     torch.minimum: products.binary("minimum"),
     F.dropout: _dropout,

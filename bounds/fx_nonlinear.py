@@ -27,7 +27,7 @@ from bounds.ops import MultiActivationOp, SumOp
 from relaxations import get_relaxation
 
 
-def _common(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, Act]:
+def common_shape(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, Act]:
     """Both broadcast (per sample) to their common shape."""
     try:
         out = torch.broadcast_shapes(lhs.value.shape, rhs.value.shape)
@@ -36,14 +36,14 @@ def _common(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, 
     if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():
         raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape} over the batch")
     target = tuple(out[1:])
-    return expand_to(b, f"{node}_a", lhs, target), expand_to(b, f"{node}_b", rhs, target)
+    return expand_to(b, f"{node}_0", lhs, target), expand_to(b, f"{node}_1", rhs, target)
 
 
 def product(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
     """`lhs * rhs` of two activations."""
     if lhs.name == rhs.name:
         return activation(b, node, ("pow", lambda: {"exponent": 2}), lhs)
-    lhs, rhs = _common(b, node, "mul", lhs, rhs)
+    lhs, rhs = common_shape(b, node, "mul", lhs, rhs)
     try:
         relaxation = get_relaxation("product")
     except KeyError as exc:
@@ -83,7 +83,7 @@ def matmul(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
 
 def maximum(b: Builder, node: str, lhs: Act, rhs: Act, minimum: bool = False) -> Act:
     """`max(lhs, rhs) = rhs + relu(lhs - rhs)` (`minimum`: `lhs - relu(lhs - rhs)`)."""
-    lhs, rhs = _common(b, node, "min" if minimum else "max", lhs, rhs)
+    lhs, rhs = common_shape(b, node, "min" if minimum else "max", lhs, rhs)
     diff = b.add(f"{node}_diff", SumOp(lhs.shape, (1.0, -1.0)), [lhs, rhs])
     hinge = activation(b, f"{node}_relu", ("relu", lambda: {}), diff)
     if minimum:
@@ -172,7 +172,7 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
         raise unsupported("softmax", node, f"dim={dim} (the batch axis, or out of range)")
     left = _unsqueezed(b, f"{node}_xj", x, axis)  # new axis i (broadcast), old axis j
     right = _unsqueezed(b, f"{node}_xi", x, axis + 1)  # axis i, new axis j (broadcast)
-    left, right = _common(b, f"{node}_pairs", "softmax", left, right)
+    left, right = common_shape(b, f"{node}_pairs", "softmax", left, right)
     diff = b.add(f"{node}_diff", SumOp(left.shape, (1.0, -1.0)), [left, right])
     exps = activation(b, f"{node}_exp", ("exp", lambda: {}), diff)
     total = shapes.reduce(mean=False)(b, f"{node}_sum", exps, axis + 1)
@@ -181,3 +181,20 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:
     return softmax(b, node, x, module.dim)
+
+
+def prelu(b: Builder, node: str, x: Any, weight: Any) -> Act:
+    """PReLU with a constant slope per channel (axis 1 of `[batch, C, ...]`) or one slope: the
+    leaky-ReLU relaxation with a `[C, 1, ..., 1]` (or scalar) negative slope."""
+    if not isinstance(x, Act):
+        raise unsupported("prelu", node, "its input must depend on the network input")
+    slope = b.const(weight, node).detach().reshape(-1)
+    if slope.numel() > 1:
+        if not x.shape or x.shape[0] != slope.numel():
+            raise unsupported("prelu", node, f"{slope.numel()} slopes for input {x.shape}")
+        slope = slope.reshape(-1, *([1] * (len(x.shape) - 1)))
+    return activation(b, node, ("leaky_relu", lambda: {"negative_slope": slope}), x)
+
+
+def prelu_module(b: Builder, node: str, x: Act, module: torch.nn.PReLU) -> Act:
+    return prelu(b, node, x, module.weight)

@@ -73,6 +73,7 @@ ALLOWED_FUNCTIONS = {
     torch.maximum,
     torch.minimum,
     torch.nn.functional.leaky_relu,
+    torch.nn.functional.prelu,
     torch.nn.functional.softmax,
     torch.nn.functional.max_pool2d,
 }
@@ -506,6 +507,7 @@ NONLINEAR_CASES = {
     "pow_2_and_3": ([n("Pow x,two -> a"), n("Pow a,three -> y")],
                     [scalar("two", 2.0), scalar("three", 3.0)], [1, 4]),
     "softmax_last_axis": ([n("Softmax x -> y", axis=-1)], [], [1, 2, 5]),
+    "prelu_per_channel": ([n("PRelu x,s -> y")], [tensor("s", (3, 1, 1))], [1, 3, 2, 2]),
     "maxpool_2x2_stride_1": ([n("MaxPool x -> y", kernel_shape=[2, 2], strides=[1, 1])], [],
                              [1, 2, 5, 5]),
     "max_min_broadcast": ([n("Relu x -> r"), n("Max x,r,c -> a"), n("Min a,x -> y")],

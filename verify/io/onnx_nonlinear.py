@@ -37,14 +37,23 @@ def _leaky_relu(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> T
 
 
 def _prelu(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """PRelu with one slope for every element (a per-channel slope is not supported yet)."""
+    """PRelu with one constant slope, or one per channel (a slope of shape `[C, 1, ..., 1]` or
+    `[C]` for a rank-2 input, broadcast over axis 1): F.leaky_relu or F.prelu."""
     x = activation(node, inputs)
     slope = constant(node, inputs, 1)
-    if slope is None or np.size(slope) == 0 or not np.all(slope == np.ravel(slope)[0]):
-        raise unsupported(node, "only a single constant slope is supported")
-    return b.function(
-        F.leaky_relu, x, float(np.ravel(slope)[0]), batched=x.batched, hint=hint(node)
-    )
+    if slope is None or np.size(slope) == 0:
+        raise unsupported(node, "the slope must be a constant")
+    flat = np.ravel(slope)
+    if np.all(flat == flat[0]):
+        return b.function(F.leaky_relu, x, float(flat[0]), batched=x.batched, hint=hint(node))
+    channels = x.shape[1] if len(x.shape) > 1 else 0
+    per_channel = np.shape(slope)[-(len(x.shape) - 1) :] if len(x.shape) > 1 else ()
+    if not x.batched or flat.size != channels or int(np.prod(per_channel)) != channels:
+        raise unsupported(node, f"slope of shape {np.shape(slope)} (one per channel of axis 1)")
+    if len(per_channel) > 1 and any(d != 1 for d in per_channel[1:]):
+        raise unsupported(node, f"slope of shape {np.shape(slope)} (one per channel of axis 1)")
+    weight = b.buffer(f"{hint(node)}_slope", flat)
+    return b.function(F.prelu, x, weight, batched=x.batched, hint=hint(node))
 
 
 def _clip(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
