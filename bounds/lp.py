@@ -1,9 +1,14 @@
 """Exact references with cvxpy (HiGHS by default, Clarabel as fallback; no Gurobi).
 
-- `planet_lp`: the Planet LP (triangle relaxation of every ReLU, Ehlers 2017) for given
-  intermediate bounds: the optimum the dual methods approach.
-- `milp`: the exact mixed-integer program (big-M with the given bounds; Tjeng et al., ICLR 2019):
-  the true minimum, for tiny nets in tests.
+- `planet_lp`: the LP of the relaxations (`Relaxation.constraints`: for ReLU the Planet
+  triangle, Ehlers 2017; for a several-input node, e.g. a product, its planes over all its
+  inputs) for given intermediate bounds: the optimum the dual methods approach.
+- `milp`: the exact mixed-integer program, from each nonlinearity's linear pieces
+  (`Relaxation.pieces`, disjunctive formulation over the given bounds): the true minimum, for
+  tiny nets in tests.
+
+Every affine op of the graph is encoded: unary ops by `as_matrix`, the others (sums,
+concatenations, ...) by one dense matrix per input read off their adjoint (`vjp`).
 
 Both build one problem per batch element with the objective's coefficients as a cvxpy
 Parameter, so the problem is canonicalised once and re-solved per spec. Values are accurate to
@@ -30,7 +35,7 @@ from torch import Tensor
 
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
-from bounds.ops import ActivationOp, SumOp, UnaryAffineOp
+from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
 
 SAFETY = 1e-6
@@ -86,30 +91,103 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().cpu().double().numpy().reshape(-1)
 
 
+def _affine_matrices(op, out_shape: tuple[int, ...]) -> tuple[list[np.ndarray], np.ndarray]:
+    """`(M_i [n_out, n_in_i] per input, b [n_out])` with `y = sum_i M_i x_i + b` (flattened),
+    for any affine op, from its adjoint: the rows of `M_i` are `vjp(e_r)_i`, and `b_r` is
+    `bias_term(e_r)` (every unit functional at once: small nets only)."""
+    op = op.to(torch.float64, "cpu")
+    n_out = int(np.prod(out_shape, dtype=int))
+    units = torch.eye(n_out, dtype=torch.float64).reshape(1, n_out, *out_shape)
+    parts = op.vjp(units)
+    matrices = [part.reshape(n_out, -1).numpy() for part in parts]
+    return matrices, op.bias_term(units).reshape(-1).numpy()
+
+
 def _affine_constraints(cp, sp, node, var, inputs):
-    if isinstance(node.op, SumOp):
-        return [var == sum(s * v for s, v in zip(node.op.signs, inputs))]
-    W, b = node.op.as_matrix()
-    W = sp.csr_matrix(W.detach().cpu().double().numpy())
-    return [var == W @ inputs[0] + _np(b)]
+    """`var == op(inputs)` for the affine op of `node` (dense matrices made sparse)."""
+    if isinstance(node.op, UnaryAffineOp):
+        W, b = node.op.as_matrix()
+        W = sp.csr_matrix(W.detach().cpu().double().numpy())
+        return [var == W @ inputs[0] + _np(b)]
+    matrices, b = _affine_matrices(node.op, node.shape)
+    return [var == sum(sp.csr_matrix(M) @ x for M, x in zip(matrices, inputs)) + b]
 
 
-def _relu_constraints(cp, node, var, pre_var, pre: Interval, b: int, integer: bool):
-    lower, upper = pre.lower[b].detach(), pre.upper[b].detach()
-    cons = node.op.relaxation.constraints(lower, upper)
-    rows = [pre_var >= _np(lower), pre_var <= _np(upper)]
-    for slope, intercept in zip(cons.lower_slopes, cons.lower_intercepts):
-        rows.append(var >= cp.multiply(_np(slope), pre_var) + _np(intercept))
-    if not integer:
-        for slope, intercept in zip(cons.upper_slopes, cons.upper_intercepts):
-            rows.append(var <= cp.multiply(_np(slope), pre_var) + _np(intercept))
-        return rows
-    # Big-M exact encoding: z = 1 iff the neuron is active.
+def _relaxed_constraints(cp, node, var, pre_vars, bounds):
+    """The relaxation's lines on `(inputs, output)` and every input in its interval; `bounds`:
+    `(lower, upper)` per input `[*shape]`."""
+    rows = []
+    for pre_var, (lower, upper) in zip(pre_vars, bounds):
+        rows += [pre_var >= _np(lower), pre_var <= _np(upper)]
+    lowers, uppers = tuple(lo for lo, _ in bounds), tuple(up for _, up in bounds)
+    one = len(bounds) == 1
+    cons = node.op.relaxation.constraints(*((lowers[0], uppers[0]) if one else (lowers, uppers)))
+
+    def line(slopes, intercepts, k):
+        slopes = (slopes,) if one else slopes
+        terms = (cp.multiply(_full(s[k], lowers[0]), x) for s, x in zip(slopes, pre_vars))
+        return sum(terms) + _full(intercepts[k], lowers[0])
+
+    for k in range(cons.lower_intercepts.shape[0]):
+        rows.append(var >= line(cons.lower_slopes, cons.lower_intercepts, k))
+    for k in range(cons.upper_intercepts.shape[0]):
+        rows.append(var <= line(cons.upper_slopes, cons.upper_intercepts, k))
+    return rows
+
+
+def _full(t: Tensor, like: Tensor) -> np.ndarray:
+    """`t` broadcast to `like`'s shape, flattened float64."""
+    return _np(torch.broadcast_to(t, like.shape))
+
+
+def _pieces_table(relaxation, node) -> np.ndarray:
+    """`[K, 4]` (start, end, slope, intercept) of the relaxation's pieces; the MILP needs them."""
+    if relaxation.pieces is None:
+        raise UnsupportedOperationError(
+            relaxation.name, node.name,
+            "the MILP needs a piecewise-linear function (Relaxation.pieces); the LP handles it",
+        )  # fmt: skip
+    return np.array([(p.start, p.end, p.slope, p.intercept) for p in relaxation.pieces], float)
+
+
+def _exact_constraints(cp, sp, node, var, pre_var, lower: Tensor, upper: Tensor):
+    """`var = sigma(pre_var)` exactly on `[lower, upper]` from the relaxation's linear pieces:
+    a neuron that one piece covers is that piece's line (no binary); for the others the
+    disjunctive (convex-hull) formulation over the pieces that meet `[l, u]`: one binary
+    `z_k` and one copy `xh_k` in `[max(start_k, l), min(end_k, u)] z_k` per piece, with
+    `sum z = 1`, `xh = sum xh_k`, `x = sum slope_k xh_k + intercept_k z_k` (Balas 1979;
+    ideal: its LP relaxation is the convex hull of the function's graph over `[l, u]`)."""
+    table = _pieces_table(node.op.relaxation, node)
     lo, up = _np(lower), _np(upper)
-    z = cp.Variable(lo.size, boolean=True)
-    rows += [var <= cp.multiply(np.maximum(up, 0), z), var <= pre_var - cp.multiply(lo, 1 - z)]
-    # lo >= 0 forces z = 1 (also when lo = up = 0, where up > 0 alone would contradict it)
-    rows += [z >= (lo >= 0).astype(float), z <= ((up > 0) | (lo >= 0)).astype(float)]
+    if not (np.isfinite(lo).all() and np.isfinite(up).all()):
+        raise UnsupportedOperationError(
+            node.op.relaxation.name, node.name, "the MILP needs finite bounds on its input"
+        )
+    start, end, slope, icpt = (table[:, i : i + 1] for i in range(4))  # [K, 1]
+    rows = [pre_var >= lo, pre_var <= up]
+    covers = (start <= lo) & (up <= end)  # [K, n]
+    single = covers.any(0)
+    one = np.nonzero(single)[0]
+    if one.size:
+        k = covers[:, one].argmax(0)
+        rows.append(var[one] == cp.multiply(slope[k, 0], pre_var[one]) + icpt[k, 0])
+    many = np.nonzero(~single)[0]
+    if not many.size:
+        return rows
+    low_k = np.maximum(start, lo[many])  # [K, m]
+    high_k = np.minimum(end, up[many])
+    piece, neuron = np.nonzero(low_k <= high_k)  # the (piece, neuron) pairs that meet
+    count = piece.size
+    gather = sp.csr_matrix((np.ones(count), (neuron, np.arange(count))), shape=(many.size, count))
+    z = cp.Variable(count, boolean=True)
+    xh = cp.Variable(count)
+    rows += [
+        gather @ z == 1,
+        pre_var[many] == gather @ xh,
+        var[many] == gather @ (cp.multiply(slope[piece, 0], xh) + cp.multiply(icpt[piece, 0], z)),
+        xh >= cp.multiply(low_k[piece, neuron], z),
+        xh <= cp.multiply(high_k[piece, neuron], z),
+    ]
     return rows
 
 
@@ -120,21 +198,23 @@ def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, 
     for node in graph.nodes:
         var = cp.Variable(int(np.prod(node.shape, dtype=int)))
         variables[node.name] = var
+        inputs = [variables[i] for i in node.inputs]
         if node.op is None:
             constraints += [var >= _np(box.lower[b]), var <= _np(box.upper[b])]
         elif isinstance(node.op, ActivationOp):
-            pre_name = node.inputs[0]
-            pre_var = variables[pre_name]
-            constraints += _relu_constraints(
-                cp, node, var, pre_var, intervals[pre_name], b, integer
-            )
-        elif isinstance(node.op, (UnaryAffineOp, SumOp)):
-            constraints += _affine_constraints(
-                cp, sp, node, var, [variables[i] for i in node.inputs]
-            )
+            bounds = [(intervals[i].lower[b].detach(), intervals[i].upper[b].detach())
+                      for i in node.inputs]  # fmt: skip
+            if integer and len(bounds) == 1:
+                constraints += _exact_constraints(cp, sp, node, var, inputs[0], *bounds[0])
+            elif integer:
+                _pieces_table(node.op.relaxation, node)  # raises: no pieces for several inputs
+            else:
+                constraints += _relaxed_constraints(cp, node, var, inputs, bounds)
+        elif node.op.is_affine:
+            constraints += _affine_constraints(cp, sp, node, var, inputs)
         else:
             raise UnsupportedOperationError(
-                type(node.op).__name__, node.name, "the LP/MILP does not encode this operation yet"
+                type(node.op).__name__, node.name, "the LP/MILP does not encode this operation"
             )
     return variables, constraints
 
@@ -247,7 +327,8 @@ def milp(
 ) -> tuple[Tensor, Tensor, dict]:
     """Exact bounds by MILP (tiny nets only): `(min C.y [B, S], max C.y [B, S], stats)`.
 
-    Needs valid `intervals` for every pre-activation (they set the big-M constants); HiGHS only.
+    Needs valid `intervals` for every pre-activation (they bound the pieces); HiGHS only.
+    UnsupportedOperationError naming the node for a nonlinearity without `pieces`.
     Solves not finished by `deadline` keep `fallback`, as in `planet_lp` (they are then not
     exact: `stats['unsolved']` counts them).
     """

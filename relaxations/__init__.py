@@ -2,6 +2,7 @@
 
 Importing the package registers every relaxation (`get_relaxation(name, **options)`)."""
 
+from relaxations.abs import AbsRelaxation
 from relaxations.base import (
     LinearBounds,
     LinearConstraints,
@@ -14,17 +15,26 @@ from relaxations.base import (
     registered,
 )
 from relaxations.exp import ExpRelaxation
+from relaxations.floor import FloorRelaxation
+from relaxations.hardtanh import HardtanhRelaxation
+from relaxations.leaky_relu import LeakyReluRelaxation
 from relaxations.power import PowerRelaxation, SquareRelaxation
 from relaxations.product import ProductRelaxation
 from relaxations.reciprocal import ReciprocalRelaxation
 from relaxations.relu import ReluRelaxation, neuron_status
 from relaxations.sigmoid import SigmoidRelaxation
+from relaxations.sign import HeavisideRelaxation, SignRelaxation
 from relaxations.tanh import TanhRelaxation
 from relaxations.trig import CosRelaxation, SinRelaxation
 
 __all__ = [
+    "AbsRelaxation",
     "CosRelaxation",
     "ExpRelaxation",
+    "FloorRelaxation",
+    "HardtanhRelaxation",
+    "HeavisideRelaxation",
+    "LeakyReluRelaxation",
     "LinearBounds",
     "LinearConstraints",
     "MultiLinearBounds",
@@ -36,6 +46,7 @@ __all__ = [
     "Relaxation",
     "ReluRelaxation",
     "SigmoidRelaxation",
+    "SignRelaxation",
     "SinRelaxation",
     "SquareRelaxation",
     "TanhRelaxation",
