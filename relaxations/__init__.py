@@ -12,7 +12,6 @@ from relaxations.base import (
     Relaxation,
     get_relaxation,
     register,
-    registered,
 )
 from relaxations.exp import ExpRelaxation
 from relaxations.floor import FloorRelaxation
@@ -53,5 +52,4 @@ __all__ = [
     "get_relaxation",
     "neuron_status",
     "register",
-    "registered",
 ]

@@ -203,17 +203,12 @@ def get_relaxation(name: str, **options) -> Relaxation:
         raise ValueError(f"relaxation {name!r} does not take options {sorted(options)}") from exc
 
 
-def registered() -> tuple[str, ...]:
-    """Names of every registered relaxation."""
-    return tuple(sorted(_REGISTRY))
-
-
-def _crossings(slopes_a: Tensor, icpt_a: Tensor, slopes_b: Tensor, icpt_b: Tensor) -> Tensor:
-    """`xh` where line i of a meets line j of b, `[Ka * Kb, *shape]` (nan where parallel)."""
-    ds = slopes_a.unsqueeze(1) - slopes_b.unsqueeze(0)
-    di = icpt_b.unsqueeze(0) - icpt_a.unsqueeze(1)
-    xh = torch.where(ds != 0, di / torch.where(ds != 0, ds, torch.ones_like(ds)), torch.nan)
-    return xh.flatten(0, 1)
+def _crossings(slopes: Tensor, intercepts: Tensor) -> Tensor:
+    """`xh` where lines i < j meet, `[K (K - 1) / 2, *shape]` (nan where parallel)."""
+    i, j = torch.triu_indices(len(slopes), len(slopes), offset=1, device=slopes.device)
+    ds = slopes[i] - slopes[j]
+    di = intercepts[j] - intercepts[i]
+    return torch.where(ds != 0, di / torch.where(ds != 0, ds, torch.ones_like(ds)), torch.nan)
 
 
 def polygon_vertices(
@@ -228,7 +223,7 @@ def polygon_vertices(
     lines_s, lines_i = torch.broadcast_tensors(lines_s, lines_i)
     shape = torch.broadcast_shapes(lower.shape, lines_s.shape[1:])
     ends = torch.stack([lower.expand(shape), upper.expand(shape)])
-    cross = _crossings(lines_s, lines_i, lines_s, lines_i)
+    cross = _crossings(lines_s, lines_i)
     inside = (cross >= lower) & (cross <= upper)
     xh = torch.cat([ends, torch.where(inside, cross, lower.expand(shape))])
     low, up = cons.lower_envelope(xh), cons.upper_envelope(xh)
@@ -250,20 +245,3 @@ def polygon_argmin(
     full = torch.broadcast_shapes(value.shape, xh.shape)
     pick = best.expand(1, *full[1:])
     return xh.expand(full).gather(0, pick)[0], x.expand(full).gather(0, pick)[0]
-
-
-def tangent(f, df, point: Tensor) -> tuple[Tensor, Tensor]:
-    """Slope and intercept of the tangent of `f` at `point`."""
-    slope = df(point)
-    return slope, f(point) - slope * point
-
-
-def secant(f, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
-    """Slope and intercept of the chord of `f` over `[lower, upper]` (the tangent's slope
-    `f'` is not known here: where `upper - lower` is tiny the slope is 0 and the line passes
-    through `f(lower)`; callers widen intercepts to stay valid)."""
-    width = upper - lower
-    wide = width > 0
-    safe = torch.where(wide, width, torch.ones_like(width))
-    slope = torch.where(wide, (f(upper) - f(lower)) / safe, torch.zeros_like(width))
-    return slope, f(lower) - slope * lower

@@ -10,7 +10,11 @@ import itertools
 import torch
 from torch import Tensor
 
+import verify
+from bounds.graph import Graph, Node
+from bounds.ops import ActivationOp, LinearOp
 from relaxations.base import Relaxation, polygon_vertices
+from tests.soundness import assert_contains, box_samples
 
 D = torch.float64
 TOL = 1e-9
@@ -175,9 +179,6 @@ def activation_graph(
     """A `Graph` `Linear -> act -> Linear -> act -> ... -> Linear` (float64, seeded) with the
     given layer sizes and `relaxation` after every hidden layer; `scale` multiplies the weights
     (to push pre-activations across a function's kinks)."""
-    from bounds.graph import Graph, Node
-    from bounds.ops import ActivationOp, LinearOp
-
     gen = torch.Generator().manual_seed(seed)
     nodes, last = [Node("input", None, (), (sizes[0],))], "input"
     for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
@@ -200,9 +201,6 @@ def check_methods_sound(
 ) -> None:  # fmt: skip
     """Every method's bounds contain the outputs of sampled inputs (corners included) on
     `activation_graph` nets, over the box `center +- radius`."""
-    import verify
-    from tests.soundness import assert_contains, box_samples
-
     for seed in seeds:
         graph = activation_graph(relaxation, seed=seed, scale=scale)
         n = graph.input.shape[0]
