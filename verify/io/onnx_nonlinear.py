@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from verify.io.onnx_builder import GraphBuilder, Traced, Value, broadcast_operands
-from verify.io.onnx_checks import invalid, strides_dilations, unsupported
+from verify.io.onnx_checks import invalid, spatial_output, unsupported
 from verify.io.onnx_fold import node_attributes
-from verify.io.onnx_ops import activation, constant, hint
+from verify.io.onnx_ops import activation, constant, hint, pool_window
 
 Handler = Callable[[GraphBuilder, onnx.NodeProto, list[Value]], Traced]
 
@@ -104,21 +104,17 @@ def _softmax(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trac
 
 
 def _max_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    attrs = node_attributes(node)
-    x = activation(node, inputs)
-    kernel = list(attrs.get("kernel_shape", []))
-    if len(kernel) != 2 or len(x.shape) != 4:
-        raise unsupported(node, "only 2-D max pooling is supported")
+    """2-D MaxPool without padding (bounds.fx_nonlinear rewrites it through ReLU)."""
     if len(node.output) > 1 and node.output[1]:
         raise unsupported(node, "the Indices output")
+    x, attrs, kernel, strides, dilations = pool_window(b, node, inputs, "max")
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
         raise unsupported(node, f"auto_pad {attrs.get('auto_pad')!r}")
     if any(int(p) for p in attrs.get("pads", [])) or int(attrs.get("ceil_mode", 0)):
         raise unsupported(node, "padding or ceil_mode")
-    strides, dilations = strides_dilations(node, attrs, 2)
-    x = b.batched(x, node)
+    spatial_output(node, x.shape, kernel, strides, [0, 0], dilations)
     return b.function(F.max_pool2d, x, tuple(kernel), tuple(strides), 0, tuple(dilations),
-                      hint=hint(node))  # fmt: skip
+                      batched=x.batched, hint=hint(node))  # fmt: skip
 
 
 def _max_min(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:

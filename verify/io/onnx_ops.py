@@ -268,16 +268,25 @@ def _batch_norm(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> T
                       batched=x.batched)  # fmt: skip
 
 
-def _average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
+def pool_window(
+    b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value], what: str
+) -> tuple[Traced, dict, list[int], list[int], list[int]]:
+    """`(x batched, attributes, kernel, strides, dilations)` of a 2-D pooling node, checked:
+    a 4-D input and a kernel of two sizes >= 1."""
     attrs = node_attributes(node)
     x = activation(node, inputs)
     kernel = list(attrs.get("kernel_shape", []))
     if len(kernel) != 2 or len(x.shape) != 4:
-        raise unsupported(node, "only 2-D average pooling is supported")
+        raise unsupported(node, f"only 2-D {what} pooling is supported")
     x = b.batched(x, node)
     if min(kernel) < 1:
         raise invalid(node, f"kernel_shape {kernel} needs sizes >= 1")
     strides, dilations = strides_dilations(node, attrs, 2)
+    return x, attrs, kernel, strides, dilations
+
+
+def _average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
+    x, attrs, kernel, strides, dilations = pool_window(b, node, inputs, "average")
     if any(d != 1 for d in dilations):
         raise unsupported(node, "dilated average pooling is not supported")
     pads = symmetric_pads(node, attrs, x.shape, kernel)
