@@ -10,7 +10,7 @@ import relaxations.abs  # noqa: F401  (registers "abs")
 from relaxations import get_relaxation
 from tests.bad_inputs.conftest import raises_where
 from tests.relaxation_checks import check_all, check_methods_sound
-from tests.relaxations.test_leaky_relu import (
+from tests.relaxations.strict_piecewise import (
     DTYPES,
     assert_argmin_is_polygon_argmin,
     assert_constraints_are_the_hull,

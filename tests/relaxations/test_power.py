@@ -10,7 +10,7 @@ import torch
 import relaxations.power  # noqa: F401  (registers "pow" and "square")
 from relaxations import get_relaxation
 from tests.relaxation_checks import check_all, check_methods_sound
-from tests.relaxations.test_sigmoid import (
+from tests.relaxations.strict_smooth import (
     DTYPES,
     assert_constraints_at_least_as_tight,
     assert_point_box_exact,

@@ -11,7 +11,7 @@ import relaxations.reciprocal  # noqa: F401  (registers "reciprocal")
 import verify
 from relaxations import get_relaxation
 from tests.relaxation_checks import check_all
-from tests.relaxations.test_sigmoid import (
+from tests.relaxations.strict_smooth import (
     DTYPES,
     assert_constraints_at_least_as_tight,
     assert_point_box_exact,

@@ -10,7 +10,7 @@ import relaxations.sign  # noqa: F401  (registers "sign" and "heaviside")
 from relaxations import get_relaxation
 from tests.bad_inputs.conftest import raises_where
 from tests.relaxation_checks import check_all, check_methods_sound
-from tests.relaxations.test_leaky_relu import (
+from tests.relaxations.strict_piecewise import (
     DTYPES,
     assert_constraints_are_the_hull,
     assert_exactly_valid,

@@ -11,7 +11,7 @@ import torch
 import relaxations.tanh  # noqa: F401  (registers "tanh")
 from relaxations import get_relaxation
 from tests.relaxation_checks import check_all, check_methods_sound
-from tests.relaxations.test_sigmoid import (
+from tests.relaxations.strict_smooth import (
     DTYPES,
     HARD_BOXES,
     assert_constraints_at_least_as_tight,

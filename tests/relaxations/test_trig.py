@@ -13,7 +13,7 @@ import torch
 import relaxations.trig  # noqa: F401  (registers "sin" and "cos")
 from relaxations import get_relaxation
 from tests.relaxation_checks import check_all, check_methods_sound, grid
-from tests.relaxations.test_sigmoid import (
+from tests.relaxations.strict_smooth import (
     DTYPES,
     assert_constraints_at_least_as_tight,
     assert_point_box_exact,
