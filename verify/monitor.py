@@ -14,7 +14,7 @@ sums in any order (Higham, Accuracy and Stability of Numerical Algorithms, 2nd e
 `f` the rounding of the factors (TF32: `2^-10`; else 0); the factor 2 and the 3 extra
 roundings cover constants the graph folded or rounded (`1/std`, BatchNorm). The errors are
 bounded inputs of the network: IBP or CROWN (in float64) bound every node over the domain and
-all of them, so they cancel where the weights make them cancel (`_Rounded`). CROWN's own
+all of them, so they cancel where the weights make them cancel (`verify/monitor_ranges.py`). CROWN's own
 float64 rounding is covered by `2 gamma_N` (float64) times each node's interval-arithmetic
 magnitude (`crown_pad`). Assumptions: the module evaluates each graph op as written (BatchNorm
 folded into the op before it is evaluated by the module in a few more roundings, covered
@@ -43,11 +43,11 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from bounds.errors import (
     InvalidNetworkError,
@@ -56,12 +56,19 @@ from bounds.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
-from bounds.graph import Graph, Node
-from bounds.methods.crown import crown
-from bounds.ops import ActivationOp, ConvOp, LinearOp, ReshapeOp, SumOp
+from bounds.graph import Graph
+from bounds.ops import ActivationOp
 from bounds.types import Interval
 from verify.api import network_graph
-from verify.bab_common import rounded_down, rounded_up
+from verify.monitor_check import (
+    MonitoredNet,
+    MonitorMismatchError,
+    MonitorReport,
+    make_checker,
+    matched_nodes,
+    shared_trace,
+)
+from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -71,11 +78,6 @@ NODE_SETS = ("affine", "all")
 # (relative rounding of each product's factors, unit roundoff of the sums) per arithmetic: TF32
 # rounds both factors to 10 mantissa bits (2 * 2^-11) and accumulates in float32.
 PRECISIONS = {"float32": (0.0, 2.0**-24), "float64": (0.0, 2.0**-53), "tf32": (2.0**-10, 2.0**-24)}
-FLOAT64_UNIT = 2.0**-53
-
-
-class MonitorMismatchError(VerificationInputError):
-    """A monitor applied to a network other than the one it certifies (graph or weights)."""
 
 
 class MonitorOptionError(VerificationInputError):
@@ -161,143 +163,6 @@ def _one_region(item: Any, shape: tuple[int, ...] | None) -> Interval:
 # --- bounds of the float evaluation ----------------------------------------------------------
 
 
-def _gamma(n: int, unit: float) -> float:
-    if n * unit >= 0.5:
-        raise UnsupportedOperationError("float error model", "", f"{n} terms exceed 1/(2u)")
-    return n * unit / (1 - n * unit)
-
-
-def _abs_apply(op, vectors: list[Tensor]) -> Tensor:
-    """`|L| v` of an affine op (for several inputs: the sum over them), via its interval."""
-    return op.interval(*(Interval(-v, v) for v in vectors)).radius
-
-
-def _magnitude(iv: Interval) -> Tensor:
-    return torch.maximum(iv.lower.abs(), iv.upper.abs())
-
-
-def _terms(op, inputs: list[Tensor]) -> int:
-    """Terms of the longest sum an op computes (an upper bound: the inputs' size otherwise)."""
-    if isinstance(op, LinearOp):
-        return int(op.weight.shape[1])
-    if isinstance(op, ConvOp):
-        return int(op.weight[0].numel())
-    if isinstance(op, SumOp):
-        return len(inputs)
-    return sum(int(v[0].numel()) for v in inputs)
-
-
-class _Rounded:
-    """An affine op evaluated in floating point: its exact value on the (float) inputs plus a
-    rounding error `rho`, `|rho| <= radius = 2 gamma_{n+3} (|L| m_in + |b|)`. `interval` sets
-    `radius` from the inputs' intervals (so the nodes must be visited in topological order, as
-    IBP and CROWN do) and widens by it; `bias_term` adds `min_rho A . rho = -|A| . radius`."""
-
-    def __init__(self, op, unit: tuple[float, float]) -> None:
-        self.op, self.unit, self.radius = op, unit, None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.op, name)
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        return self.op.forward(*inputs)
-
-    def interval(self, *inputs: Interval) -> Interval:
-        mags = [_magnitude(iv) for iv in inputs]
-        zero = self.op.forward(*(torch.zeros_like(m) for m in mags)).abs()
-        size = _abs_apply(self.op, mags) + zero
-        factors, sums = self.unit
-        self.radius = 2 * (factors + _gamma(_terms(self.op, mags) + 3, sums)) * size
-        iv = self.op.interval(*inputs)
-        return Interval(iv.lower - self.radius, iv.upper + self.radius)
-
-    def vjp(self, A: Tensor) -> tuple[Tensor, ...]:
-        return self.op.vjp(A)
-
-    def bias_term(self, A: Tensor) -> Tensor:
-        return self.op.bias_term(A) - (A.abs() * self.radius.unsqueeze(1)).flatten(2).sum(-1)
-
-
-def _check_activation(node) -> None:
-    """ReLU-like only: pieces with slopes in {0, 1} and no intercepts are exact in float."""
-    pieces = getattr(node.op.relaxation, "pieces", None)
-    if (
-        len(node.inputs) != 1
-        or not pieces
-        or not all(p.slope in (0.0, 1.0) and p.intercept == 0.0 for p in pieces)
-    ):
-        raise UnsupportedOperationError(
-            type(node.op.relaxation).__name__, node.name,
-            "monitors support ReLU-like activations only (exact in floating point)",
-        )  # fmt: skip
-
-
-def rounded_graph(graph: Graph, unit: tuple[float, float]) -> Graph:
-    """`graph` with every affine op but reshapes replaced by its `_Rounded` version."""
-    nodes = [graph.input]
-    for node in graph.nodes[1:]:
-        op = node.op
-        if isinstance(op, ActivationOp):
-            _check_activation(node)
-        elif not op.is_affine:
-            raise UnsupportedOperationError(type(op).__name__, node.name, "not affine")
-        elif not isinstance(op, ReshapeOp):
-            op = _Rounded(op, unit)
-        nodes.append(Node(node.name, op, node.inputs, node.shape))
-    return Graph(tuple(nodes))
-
-
-def float_bounds(graph: Graph, box: Interval, method: str, unit) -> dict[str, Interval]:
-    """Intervals `[R, *shape]` of every node that contain its value in every float evaluation
-    (`unit`: a `PRECISIONS` entry) on the boxes: IBP or CROWN on the rounded graph (float64)."""
-    rounded = rounded_graph(graph, unit)
-    if method == "ibp":
-        return rounded.interval(box)
-    n_out = int(torch.Size(graph.output.shape).numel())
-    eye = torch.eye(n_out, dtype=box.lower.dtype).expand(box.lower.shape[0], n_out, n_out)
-    lower, upper, intervals = crown(rounded, box, eye)
-    out = graph.output.name
-    shape = intervals[out].lower.shape
-    refined = Interval(lower.reshape(shape), upper.reshape(shape))
-    return {**intervals, out: intervals[out].intersect(refined)}
-
-
-def crown_pad(graph: Graph, box: Interval) -> dict[str, Tensor]:
-    """Per node `[R, *shape]`: a bound on the float64 rounding of its bound computation,
-    `2 gamma_N` (float64; `N`: the terms of all ops and the input) times its interval-
-    arithmetic magnitude, which bounds every term of a backward pass to it (products of
-    `|W|`, slopes in [0, 1], intercepts at most the magnitudes)."""
-    chain = {graph.input.name: _magnitude(box)}
-    total = int(box.lower[0].numel())
-    for node in graph.nodes[1:]:
-        mags = [chain[i] for i in node.inputs]
-        if isinstance(node.op, ActivationOp):
-            chain[node.name] = mags[0]
-            continue
-        zero = node.op.forward(*(torch.zeros_like(m) for m in mags)).abs()
-        chain[node.name] = _abs_apply(node.op, mags) + zero
-        total += _terms(node.op, mags)
-    pad = 2 * _gamma(total, FLOAT64_UNIT)
-    return {name: pad * value for name, value in chain.items()}
-
-
-def certified_ranges(
-    bounds: dict[str, Interval], pads: dict[str, Tensor], dtype: torch.dtype, layer: bool
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """`[lower - pad, upper + pad]` rounded outwards to `dtype`; `layer`: one range per node
-    and region (the extremes over its elements), shape `[R, 1, ..., 1]`."""
-    ranges = {}
-    for name, pad in pads.items():
-        low, high = bounds[name].lower - pad, bounds[name].upper + pad
-        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-            raise InvalidNetworkError(f"the bounds of node {name!r} are not finite")
-        if layer:
-            dims = tuple(range(1, low.dim()))
-            low, high = low.amin(dims, keepdim=True), high.amax(dims, keepdim=True)
-        ranges[name] = (rounded_down(low, dtype), rounded_up(high, dtype))
-    return ranges
-
-
 # --- the network: fingerprint, trace, mapping -------------------------------------------------
 
 
@@ -317,52 +182,6 @@ def structure_digest(graph: Graph) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
-def shared_trace(net: nn.Module) -> fx.GraphModule:
-    """An fx `GraphModule` computing `net.forward` that shares `net`'s submodules, parameters
-    and buffers (a `GraphModule` is re-used as it is: its own graph, copied)."""
-    if isinstance(net, fx.GraphModule):
-        graph = fx.Graph()
-        graph.output(graph.graph_copy(net.graph, {}))
-    else:
-        try:
-            graph = fx.Tracer().trace(net)
-        except Exception as exc:  # fx raises many types for untraceable code
-            raise UnsupportedOperationError(
-                "untraceable forward", type(net).__name__, f"torch.fx could not trace it ({exc})"
-            ) from exc
-    return fx.GraphModule(net, graph)
-
-
-class _Capture(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.values: dict[str, Any] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        value = super().run_node(n)
-        self.values[n.name] = value
-        return value
-
-
-def matched_nodes(graph: Graph, net: nn.Module, probe: Tensor) -> list[str]:
-    """Graph nodes (input and reshapes left out) that an fx node of `net` of the same name
-    computes: the same shape and values on `probe` (`[N, *input_shape]`)."""
-    capture = _Capture(shared_trace(net))
-    with torch.no_grad():
-        capture.run(probe)
-        values = graph.forward(probe, all_values=True)
-    tol = 1e-9 if probe.dtype == torch.float64 else 1e-4
-    found = []
-    for node in graph.nodes[1:]:
-        mine = capture.values.get(node.name)
-        if isinstance(node.op, ReshapeOp) or not isinstance(mine, Tensor):
-            continue
-        ref = values[node.name]
-        if mine.shape == ref.shape and (mine - ref).abs().max() <= tol * (1 + ref.abs().max()):
-            found.append(node.name)
-    return found
-
-
 def _probe(box: Interval, dtype: torch.dtype, count: int = 4) -> Tensor:
     rng = torch.Generator().manual_seed(0)
     lower, upper = box.lower[:1], box.upper[:1]
@@ -372,203 +191,6 @@ def _probe(box: Interval, dtype: torch.dtype, count: int = 4) -> Tensor:
 
 
 # --- the fused checks ----------------------------------------------------------------------------
-
-
-@dataclass
-class MonitorReport:
-    """One checked forward pass: `flagged [batch]` (a value left its range), `first_node` (the
-    first violating node per sample, None where not flagged), `node_flags [batch, nodes]` (with
-    several regions and no region index: the value left every region's range), `nodes`, the
-    network's `output`, and `values` (name -> raw value) when the wrap keeps them."""
-
-    flagged: Tensor
-    first_node: list[str | None]
-    node_flags: Tensor
-    nodes: tuple[str, ...]
-    output: Tensor
-    values: dict[str, Tensor] | None = field(default=None, repr=False)
-
-
-def _first(flags: Tensor, names: tuple[str, ...]) -> list[str | None]:
-    if not bool(flags.any()):
-        return [None] * flags.shape[0]
-    index = flags.to(torch.uint8).argmax(1).tolist()
-    return [names[k] if f else None for k, f in zip(index, flags.any(1).tolist())]
-
-
-def _clamp(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
-    """`x` clamped to `[lo, hi]`; NaN becomes `lo` (torch.fmin/fmax are not vectorised)."""
-    inf = float("inf")
-    return torch.nan_to_num(x, nan=-inf, posinf=inf, neginf=-inf).clamp_(lo, hi)
-
-
-def _excess(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
-    """Per sample `[batch]`: how far the farthest value of `x` lies outside `[lo, hi]` (<= 0:
-    inside; NaN for a NaN value)."""
-    rows = x.shape[0]
-    above = (x - hi).reshape(rows, -1).amax(1)
-    return torch.maximum(above, (lo - x).reshape(rows, -1).amax(1))
-
-
-class _Checker:
-    """The per-node check called from the generated code: `check(x, k)` records (detect) and
-    returns `x` or its clamped value (clip). `begin`/`end` bracket one forward pass."""
-
-    def __init__(self, lower, upper, shapes, action: str, hazard, names, keep: bool) -> None:
-        self.lower, self.upper, self.names, self.hazard = lower, upper, names, hazard
-        self.detect, self.clip, self.keep = action != "clip", action != "detect", keep
-        self.hull_lo = [t.amin(0) for t in lower]
-        self.hull_hi = [t.amax(0) for t in upper]
-        self.flat_lo = torch.cat([h.expand(s).reshape(-1) for h, s in zip(self.hull_lo, shapes)])
-        self.flat_hi = torch.cat([h.expand(s).reshape(-1) for h, s in zip(self.hull_hi, shapes)])
-        self.regions = int(lower[0].shape[0])
-
-    def begin(self, batch: int, region: Tensor | None) -> None:
-        count = len(self.names)
-        self.batch, self.region = batch, region
-        self.mode = "shared" if self.regions == 1 or (region is None and not self.detect) else (
-            "sample" if region is not None else "union")  # fmt: skip
-        self.mins, self.maxs, self.raw = [None] * count, [None] * count, [None] * count
-        self.inside, self.excess = [None] * count, [None] * count
-        self.values = {} if self.keep else None
-
-    def check(self, x: Tensor, k: int) -> Tensor:
-        mode = self.mode
-        if mode == "shared":
-            lo, hi = self.hull_lo[k], self.hull_hi[k]
-            if self.detect:  # per-feature extremes over the batch; compared in `end`
-                if x.shape[0] == 1:
-                    self.mins[k] = self.maxs[k] = x.reshape(-1)
-                elif x.dim() == 2:
-                    self.mins[k], self.maxs[k] = x.amin(0), x.amax(0)
-                else:
-                    self.mins[k], self.maxs[k] = x.amin(0).reshape(-1), x.amax(0).reshape(-1)
-                self.raw[k] = x.clone() if self.hazard[k] else x
-        elif mode == "sample":
-            lo = self.lower[k].index_select(0, self.region)
-            hi = self.upper[k].index_select(0, self.region)
-            if self.detect:
-                self.excess[k] = _excess(x, lo, hi)
-        else:
-            lo, hi = self.hull_lo[k], self.hull_hi[k]
-            if self.detect:
-                low, high = self.lower[k][None], self.upper[k][None]
-                both = (x[:, None] >= low) & (x[:, None] <= high)
-                self.inside[k] = both.reshape(x.shape[0], self.regions, -1).all(2)
-        if self.keep:
-            self.values[self.names[k]] = x.clone() if self.hazard[k] else x
-        return _clamp(x, lo, hi) if self.clip else x
-
-    def end(self, output: Tensor) -> MonitorReport:
-        batch, names = self.batch, self.names
-        if self.detect and self.mode == "union":
-            return self._union_report(output)
-        if self.detect and self.mode == "sample":
-            flags = ~(torch.stack(self.excess, 1) <= 0)  # NaN: flagged
-        elif self.detect and not self._shared_ok():
-            flags = self._shared_flags()
-        else:
-            flags = torch.zeros(batch, len(names), dtype=torch.bool, device=output.device)
-            flagged = torch.zeros(batch, dtype=torch.bool, device=output.device)
-            return MonitorReport(flagged, [None] * batch, flags, names, output, self.values)
-        flagged = flags.any(1)
-        return MonitorReport(flagged, _first(flags, names), flags, names, output, self.values)
-
-    def _shared_ok(self) -> bool:
-        """Every node's extremes over the batch inside its range (NaN fails: not ok)."""
-        low = torch.cat(self.mins).ge(self.flat_lo).all()
-        return bool(low.logical_and_(torch.cat(self.maxs).le(self.flat_hi).all()))
-
-    def _shared_flags(self) -> Tensor:
-        rows = [
-            ~(_excess(x, lo, hi) <= 0) for x, lo, hi in zip(self.raw, self.hull_lo, self.hull_hi)
-        ]
-        return torch.stack(rows, 1)
-
-    def _union_report(self, output: Tensor) -> MonitorReport:
-        inside = torch.stack(self.inside, 1)  # [batch, nodes, regions]
-        joint = torch.cummin(inside.to(torch.uint8), 1).values.bool()  # consistent so far
-        lost = ~joint.any(2)  # [batch, nodes]: no region contains every value up to the node
-        first = _first(lost, self.names)
-        flags = ~inside.any(2)
-        return MonitorReport(lost[:, -1], first, flags, self.names, output, self.values)
-
-
-def _inplace_users(node: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether a user of `node` may modify its value in place (then detect keeps a copy)."""
-    for user in node.users:
-        if user.op == "call_module" and getattr(gm.get_submodule(user.target), "inplace", False):
-            return True
-        name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
-        if user.kwargs.get("inplace") or (name.endswith("_") and not name.endswith("__")):
-            return True
-    return False
-
-
-def make_checker(gm: fx.GraphModule, names, shapes, ranges, action: str, like: Tensor, keep: bool):
-    """Inserts a check after each fx node of `names` (node shapes `shapes`, ranges
-    `[R, *shape]` or `[R, 1, ...]` each) into `gm`."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise MonitorMismatchError(f"the network computes no node {missing[0]!r}")
-    lower = [r[0].to(like.device, like.dtype) for r in ranges]
-    upper = [r[1].to(like.device, like.dtype) for r in ranges]
-    hazard = [_inplace_users(by_name[n], gm) for n in names]
-    checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep)
-    for k, name in enumerate(names):
-        node = by_name[name]
-        with gm.graph.inserting_after(node):
-            new = gm.graph.call_function(checker.check, (node, k))
-        node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
-    gm.graph.lint()
-    gm.recompile()
-    return checker
-
-
-class MonitoredNet(nn.Module):
-    """The user's network with the checks fused in. `forward(x, region=None)` returns the
-    (clipped, for clip actions) output and sets `.report`; `run` returns both."""
-
-    def __init__(self, gm: fx.GraphModule, checker: _Checker, names, input_shape, dtype) -> None:
-        super().__init__()
-        self.module = gm
-        self._checker = checker
-        self.nodes, self.input_shape, self.dtype = tuple(names), tuple(input_shape), dtype
-        self.report: MonitorReport | None = None
-
-    def run(self, x: Tensor, region: Any = None) -> tuple[Tensor, MonitorReport]:
-        if not isinstance(x, Tensor) or tuple(x.shape[1:]) != self.input_shape:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ShapeMismatchError(f"x has shape {got}; the monitor expects "
-                                     f"[batch, *{self.input_shape}]")  # fmt: skip
-        if x.dtype != self.dtype:
-            raise ShapeMismatchError(f"x is {x.dtype}; the network is {self.dtype}")
-        self._checker.begin(x.shape[0], self._region(region, x))
-        y = self.module(x)
-        return y, self._checker.end(y)
-
-    def forward(self, x: Tensor, region: Any = None) -> Tensor:
-        y, self.report = self.run(x, region)
-        return y
-
-    def _region(self, region: Any, x: Tensor) -> Tensor | None:
-        if region is None:
-            return None
-        count = self._checker.regions
-        index = torch.as_tensor(region, device=x.device)
-        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise InvalidRegionError(f"region must hold integer indices, got {index.dtype}")
-        index = index.long().expand(x.shape[0]) if index.dim() == 0 else index.long()
-        if index.shape != (x.shape[0],):
-            raise ShapeMismatchError(f"region has shape {tuple(index.shape)}; expected "
-                                     f"[batch] = [{x.shape[0]}]")  # fmt: skip
-        bad = ((index < 0) | (index >= count)).nonzero()
-        if bad.numel():
-            i = int(bad[0, 0])
-            raise InvalidRegionError(f"region[{i}] = {int(index[i])} is out of range: the "
-                                     f"monitor has {count} regions")  # fmt: skip
-        return index
 
 
 # --- the monitor ---------------------------------------------------------------------------------
