@@ -17,7 +17,7 @@ from torch import Tensor
 
 from bounds.errors import at_node
 from bounds.graph import Graph, Node, node_interval
-from bounds.methods.pacing import passed
+from bounds.methods.pacing import Pacer, passed
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
@@ -158,22 +158,26 @@ def bound_in_chunks(
     bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`).
     `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside).
     `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
-    `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed are not bounded: their
-    neurons get `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
+    `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed, or once the next one
+    is predicted (from the last two) to end past it, are not bounded: their neurons get
+    `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
     shape = graph[node].shape
     step = step or neuron_chunk(graph, batch, index.numel())
     if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
         step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
     lowers, uppers = [], []
+    pacer = None if deadline is None else Pacer(deadline)  # None: compiled callers
+    stop = passed(deadline)
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
-        if passed(deadline):
+        if stop:
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
         result = lower_bound(unit_functionals(part, shape, batch, like), offset, part.numel())
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
+        stop = pacer is not None and pacer.done()
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
 
 
