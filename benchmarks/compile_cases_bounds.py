@@ -12,7 +12,7 @@ from torch import nn
 
 import verify
 from benchmarks.compile_case import Case
-from bounds.dual import crown_duals, layered, problem_from_intervals, proximal, supergradient
+from bounds.dual import decompose, initial_duals, problem_from_intervals, proximal, supergradient
 from bounds.methods import alpha_crown as ac
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
@@ -38,12 +38,12 @@ def _setup(kind: str, specs: int = 9):
     C = torch.randn(1, specs, n_out)
     intervals = crown_intervals(graph, box)
     c = output_functional(graph, C)
-    return graph, box, C, problem_from_intervals(layered(graph), box, intervals, c)
+    return graph, box, C, problem_from_intervals(decompose(graph), box, intervals, c)
 
 
 def _prox_cases(kind: str, iterations: int) -> list[Case]:
     _, _, _, problem = _setup(kind)
-    state, scale = proximal.initial_state(problem, crown_duals(problem))
+    state, scale = proximal.initial_state(problem, initial_duals(problem))
     factor = torch.tensor(1.0)
     sweep = Case(
         f"prox sweep ({kind})",
@@ -60,7 +60,7 @@ def _prox_cases(kind: str, iterations: int) -> list[Case]:
 
 def _supergradient_case(kind: str, iterations: int) -> Case:
     _, _, _, problem = _setup(kind)
-    state = supergradient.initial_state(problem, crown_duals(problem))
+    state = supergradient.initial_state(problem, initial_duals(problem))
     step = torch.tensor(1e-3)
     return Case(
         f"supergradient ({kind})",

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verify
 from bounds.compile import compiled
-from bounds.dual import crown_duals, layered, problem_from_intervals, proximal, supergradient
+from bounds.dual import decompose, initial_duals, problem_from_intervals, proximal, supergradient
 from bounds.methods import alpha_crown as ac
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
@@ -100,15 +100,15 @@ def _problem(device: torch.device, size: dict):
     C = torch.randn(size["batch"], size["specs"], 10, device=device)
     intervals = crown_intervals(graph, box)
     c = output_functional(graph, C)
-    return graph, box, C, intervals, problem_from_intervals(layered(graph), box, intervals, c)
+    return graph, box, C, intervals, problem_from_intervals(decompose(graph), box, intervals, c)
 
 
 def solver_steps(device: torch.device, size: dict) -> list[dict]:
     """Part 3: eager vs compiled solver steps (first compiled call = compile time)."""
     graph, box, C, intervals, problem = _problem(device, size)
-    state, scale = proximal.initial_state(problem, crown_duals(problem))
+    state, scale = proximal.initial_state(problem, initial_duals(problem))
     factor = torch.ones((), device=device)
-    sg_state = supergradient.initial_state(problem, crown_duals(problem))
+    sg_state = supergradient.initial_state(problem, initial_duals(problem))
     step = torch.full((), 1e-3, device=device)
     ap = ac._Problem(graph, box, C, intervals, {}, (), {})
     alphas = ac._init_alphas(ap)

@@ -36,9 +36,9 @@ from benchmarks.common import (
     write_json,
 )
 from bounds.dual import (
-    crown_duals,
+    decompose,
     evaluate,
-    layered,
+    initial_duals,
     problem_from_intervals,
     proximal,
     supergradient,
@@ -94,9 +94,9 @@ def run_lp_instance(net, lower, upper, C):
     intervals = crown_intervals(graph, box)
     t_intervals = time.perf_counter() - start
     problem = problem_from_intervals(
-        layered(graph), box, intervals, output_functional(graph, C)[:, : C.shape[1]]
+        decompose(graph), box, intervals, output_functional(graph, C)[:, : C.shape[1]]
     )
-    init = crown_duals(problem)
+    init = initial_duals(problem)
     crown_value, _ = evaluate(problem, init)
     crown_value = crown_value[0]
     start = time.perf_counter()
@@ -107,8 +107,8 @@ def run_lp_instance(net, lower, upper, C):
     start = time.perf_counter()
     alpha_cfg = AlphaCrownConfig(iterations=INIT_ITERATIONS, optimize_intermediate=False)
     _, _, _, stats = alpha_crown(graph, box, C, alpha_cfg, intervals=intervals)
-    slopes = tuple(s[:, : C.shape[1]] for s in stats["final_slopes"].values())
-    alpha_init = crown_duals(problem, slopes)
+    slopes = {act: s[:, : C.shape[1]] for act, s in stats["final_slopes"].items()}
+    alpha_init = initial_duals(problem, slopes)
     t_init = time.perf_counter() - start
     solvers = {
         "prox": (proximal.solve, proximal.ProximalConfig, init, 0.0, False),

@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from bounds.dual import proximal, supergradient
-from bounds.dual.decomposition import crown_duals, problem_from_intervals
+from bounds.dual.dag import decompose
+from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.intermediate import intermediate_intervals
-from bounds.dual.layers import layered
 from bounds.dual.proximal import ProximalConfig
 from bounds.dual.supergradient import SupergradientConfig
 from bounds.lp import LpConfig, milp, planet_lp
@@ -108,10 +108,10 @@ def _reference(solve):
     return run
 
 
-register_method("lp", LpConfig, "Planet LP for the chosen intermediate bounds (cvxpy)")(
+register_method("lp", LpConfig, "LP of the relaxations for the chosen intermediate bounds (cvxpy)")(
     _reference(planet_lp)
 )
-register_method("milp", LpConfig, "exact MILP, big-M from the intermediate bounds (tiny nets)")(
+register_method("milp", LpConfig, "exact MILP from the relaxations' pieces (tiny nets)")(
     _reference(milp)
 )
 
@@ -126,7 +126,7 @@ def _start(graph, box, C, net, c, config, given, deadline=None):
     if config.init == "crown" or config.init_iterations == 0:
         intervals = _intervals(graph, box, C, config, given, deadline)
         problem = problem_from_intervals(net, box, intervals, c)
-        return problem, intervals, crown_duals(problem), c.new_full(c.shape[:2], -torch.inf)
+        return problem, intervals, initial_duals(problem), c.new_full(c.shape[:2], -torch.inf)
     optimise = config.intermediate == "alpha-crown"
     if optimise:
         base = crown_intervals(graph, box, given, deadline)
@@ -139,8 +139,8 @@ def _start(graph, box, C, net, c, config, given, deadline=None):
         graph, box, C, alpha_config, intervals=base, deadline=deadline
     )
     problem = problem_from_intervals(net, box, intervals, c)
-    slopes = tuple(stats["final_slopes"][act.name] for act in graph.activations())
-    return problem, intervals, crown_duals(problem, slopes), torch.cat([low, -up], dim=1)
+    slopes = stats["final_slopes"]  # per activation node, by name
+    return problem, intervals, initial_duals(problem, slopes), torch.cat([low, -up], dim=1)
 
 
 def _decomposition(solve_fn):
@@ -151,7 +151,7 @@ def _decomposition(solve_fn):
     def run(graph, box, C, config, budget, given) -> MethodResult:
         deadline = deadline_of(budget)  # the whole call, not only the solver, keeps the budget
         c = output_functional(graph, C)
-        net = layered(graph)
+        net = decompose(graph)
         problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
         result = solve_fn(problem, config, init, budget, deadline)
         best = torch.maximum(result.lower, start)

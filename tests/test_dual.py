@@ -1,5 +1,6 @@
-"""Lagrangian-decomposition solvers: never above the Planet LP (float64, same intermediate
-bounds), never below their CROWN start, converging to the LP, anytime-valid, warm-startable."""
+"""Lagrangian-decomposition solvers on chain nets: never above the Planet LP (float64, same
+intermediate bounds), never below their CROWN start, converging to the LP, anytime-valid,
+warm-startable (DAGs: tests/test_dual_dag.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ import torch
 import verify
 from bounds.dual import (
     Duals,
-    crown_duals,
+    decompose,
     evaluate,
-    layered,
+    initial_duals,
     problem_from_intervals,
     proximal,
     supergradient,
 )
-from bounds.errors import UnsupportedOperationError
 from bounds.lp import planet_lp
 from bounds.methods.crown import crown, output_functional
 from bounds.types import Budget, Interval
@@ -41,7 +41,7 @@ def _setup(name, seed=0, eps=0.3, specs=2):
     box = Interval(x - eps, x + eps)
     C = torch.randn(1, specs, graph.output.shape[0], generator=gen, dtype=D)
     _, _, intervals = crown(graph, box, C)
-    problem = problem_from_intervals(layered(graph), box, intervals, output_functional(graph, C))
+    problem = problem_from_intervals(decompose(graph), box, intervals, output_functional(graph, C))
     return net, graph, box, C, intervals, problem
 
 
@@ -63,7 +63,7 @@ def _lp(lp_cache, name, seed):
 def test_between_crown_start_and_lp(lp_cache, name, solver):
     _, _, _, _, _, problem = _setup(name)
     solve, config = SOLVERS[solver]
-    init = crown_duals(problem)
+    init = initial_duals(problem)
     start, _ = evaluate(problem, init)
     result = solve(problem, config(iterations=60), init)
     lp = _lp(lp_cache, name, 0)
@@ -76,7 +76,7 @@ def test_between_crown_start_and_lp(lp_cache, name, solver):
 def test_converges_to_the_lp(lp_cache, name, seed, solver):
     _, _, _, _, _, problem = _setup(name, seed)
     solve, config = SOLVERS[solver]
-    result = solve(problem, config(iterations=1500), crown_duals(problem))
+    result = solve(problem, config(iterations=1500), initial_duals(problem))
     lp = _lp(lp_cache, name, seed)
     gap = (lp - result.lower) / (1 + lp.abs())
     assert (gap >= -1e-7).all() and (gap <= 1e-3).all(), gap
@@ -86,7 +86,7 @@ def test_converges_to_the_lp(lp_cache, name, seed, solver):
 def test_anytime_checkpoints_are_valid_and_monotone(lp_cache, solver):
     _, _, _, _, _, problem = _setup("mlp", 3)
     solve, config = SOLVERS[solver]
-    result = solve(problem, config(iterations=100, check_every=5), crown_duals(problem))
+    result = solve(problem, config(iterations=100, check_every=5), initial_duals(problem))
     lp = _lp(lp_cache, "mlp", 3)
     values = [v for _, v in result.stats["trajectory"]]
     assert len(values) == 20
@@ -101,7 +101,7 @@ def test_anytime_checkpoints_are_valid_and_monotone(lp_cache, solver):
 def test_warm_start_from_good_duals_keeps_them(solver):
     _, _, _, _, _, problem = _setup("mlp", 3)
     solve, config = SOLVERS[solver]
-    good = solve(problem, config(iterations=800), crown_duals(problem))
+    good = solve(problem, config(iterations=800), initial_duals(problem))
     again = solve(problem, config(iterations=5), good.duals)
     assert (again.lower >= good.lower - 1e-10).all()
 
@@ -109,7 +109,7 @@ def test_warm_start_from_good_duals_keeps_them(solver):
 def test_time_budget_stops_early():
     _, _, _, _, _, problem = _setup("conv")
     config = proximal.ProximalConfig(iterations=100000, check_every=2)
-    result = proximal.solve(problem, config, crown_duals(problem), Budget(seconds=0.3))
+    result = proximal.solve(problem, config, initial_duals(problem), Budget(seconds=0.3))
     assert result.stats["iterations"] < 100000
     assert result.stats["solver_seconds"] < 5
 
@@ -152,12 +152,6 @@ def test_lp_with_the_same_intermediate_bounds_dominates_prox():
     assert (ld.lower <= lp.lower + 2e-6 * (1 + lp.lower.abs())).all()
 
 
-def test_residual_networks_are_refused_clearly():
-    net, shape = make("residual")
-    with pytest.raises(UnsupportedOperationError, match="non-chain"):
-        verify.bounds(net, 0.1, x=torch.zeros(1, *shape, dtype=D), method="prox")
-
-
 def test_duals_select_and_repeat():
     rho = (torch.arange(6.0).reshape(3, 1, 2), torch.arange(3.0).reshape(3, 1, 1))
     duals = Duals(rho)
@@ -171,7 +165,7 @@ def test_duals_select_and_repeat():
 def test_float32_problem_is_checked_in_float64(lp_cache):
     _, _, _, _, _, problem = _setup("mlp", 3)
     result = proximal.solve(problem.to(torch.float32), proximal.ProximalConfig(iterations=200),
-                            crown_duals(problem.to(torch.float32)))  # fmt: skip
+                            initial_duals(problem.to(torch.float32)))  # fmt: skip
     assert result.lower.dtype == torch.float32
     lp = _lp(lp_cache, "mlp", 3)
     assert (result.lower.double() <= lp + 1e-6).all()

@@ -46,8 +46,8 @@ def test_without_a_budget_every_solve_finishes():
 
 def test_milp_with_a_pre_activation_fixed_at_zero():
     """A neuron whose pre-activation interval is exactly [0, 0] (zero weights and bias) made the
-    old big-M encoding infeasible (z >= 1 from lo >= 0, z <= 0 from up > 0 false); with the
-    pieces, both ReLU pieces cover [0, 0] and the first one's line is used."""
+    old big-M encoding infeasible (z >= 1 from lo >= 0, z <= 0 from up > 0 false); big-M now
+    forces z = 1 there, and the pieces encoding takes the line of a piece that covers [0, 0]."""
     net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)).double()
     with torch.no_grad():
         net[0].weight.copy_(torch.tensor([[1.0, -1.0], [0.0, 0.0]]))

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.dual import layered
+from bounds.dual import decompose
 from bounds.dual.split_domains import prox_split_bounds
 from bounds.errors import UnsupportedOperationError
 from bounds.methods import beta_crown
@@ -145,9 +145,10 @@ class ReluBab(RegionSearch):
 
     @staticmethod
     def _layers(graph):
-        """The chain form for the proximal stage (None for non-chain graphs: stage skipped)."""
+        """The decomposition for the proximal stage (None when some node is neither affine nor
+        relaxed: the stage is skipped)."""
         try:
-            return layered(graph)
+            return decompose(graph)
         except UnsupportedOperationError:
             return None
 

@@ -1,6 +1,7 @@
 """Pre-activation bounds for the decomposition methods, chosen by name: `ibp`, `crown`,
-`alpha-crown`, or tightened by the decomposition itself (`prox`, `supergradient`): for layer k
-the problem truncated at `xh_k` is solved with objectives `+-e_j` for every ambiguous neuron j
+`alpha-crown`, or tightened by the decomposition itself (`prox`, `supergradient`): for each node
+that feeds a nonlinearity, in topological order, the problem truncated at that node (its
+ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation is not exact
 (Bunel et al., UAI 2020, Sec. 5), batched as specs and chunked to bound memory."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Callable
 from torch import Tensor
 
 from bounds.dual import proximal, supergradient
-from bounds.dual.decomposition import crown_duals, problem_from_intervals
-from bounds.dual.layers import LayeredNet, layered
+from bounds.dual.dag import Decomposition, decompose
+from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
@@ -26,21 +27,20 @@ from bounds.types import Budget, Interval
 INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient")
 
 
-def _tighten_layer(
-    graph: Graph, net: LayeredNet, box: Interval, intervals: dict[str, Interval], k: int, solve,
-    deadline: float | None = None,
+def _tighten(
+    graph: Graph, truncated: Decomposition, box: Interval, intervals: dict[str, Interval],
+    solve, deadline: float | None = None,
 ) -> Interval:  # fmt: skip
-    """LD bounds of the ambiguous neurons of hidden layer k (`xh_k`, k >= 2)."""
-    name = net.pre_names[k - 1]
+    """LD bounds of the neurons of `truncated`'s output node that need refinement."""
+    name = truncated.graph.output.name
     index = unstable_indices(graph, name, intervals[name])
     current = intervals[name]
     if not index.numel():
         return current
-    truncated = net.truncated(k)
 
     def lower_bound(c: Tensor, offset: int, count: int) -> Tensor:
         problem = problem_from_intervals(truncated, box, intervals, c)
-        return solve(problem, crown_duals(problem))
+        return solve(problem, initial_duals(problem))
 
     batch = box.lower.shape[0]
     low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound, None, deadline)
@@ -49,21 +49,25 @@ def _tighten_layer(
 
 def decomposition_intervals(
     graph: Graph,
-    net: LayeredNet,
+    net: Decomposition,
     box: Interval,
     solve: Callable[..., Tensor],
     given: dict[str, Interval] | None = None,
     deadline: float | None = None,
 ) -> dict[str, Interval]:
-    """CROWN intervals, then each hidden layer k >= 2 tightened in turn by `solve(problem, init)
-    -> [B, S] lower bounds` (a decomposition solver with its own budget); past `deadline`
+    """CROWN intervals, then each node that feeds a nonlinearity and has one among its
+    ancestors tightened in turn (topological order) by `solve(problem, init) -> [B, S] lower
+    bounds` (a decomposition solver with its own budget); past `deadline`
     (`time.monotonic()`) the neurons left keep the intervals they have."""
     intervals = crown_intervals(graph, box, given, deadline)
-    for k in range(2, net.n_hidden + 1):
+    for name in dict.fromkeys(net.pre_names):
         if passed(deadline):
             break
-        name = net.pre_names[k - 1]
-        intervals[name] = _tighten_layer(graph, net, box, intervals, k, solve, deadline)
+        if graph[name].op is None:
+            continue
+        truncated = net.truncated(name)
+        if truncated.acts:
+            intervals[name] = _tighten(graph, truncated, box, intervals, solve, deadline)
     return intervals
 
 
@@ -98,4 +102,4 @@ def intermediate_intervals(
     def solve(problem, init):
         return solve_fn(problem, config, init, Budget(iterations=iterations), deadline).lower
 
-    return decomposition_intervals(graph, layered(graph), box, solve, given, deadline)
+    return decomposition_intervals(graph, decompose(graph), box, solve, given, deadline)

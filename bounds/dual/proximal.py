@@ -38,7 +38,8 @@ from bounds.dual.anytime import (
     finalize,
     problem_tensors,
 )
-from bounds.dual.decomposition import BlockSolution, Problem, evaluate, solve_block
+from bounds.dual.dag import pull_back, push_forward
+from bounds.dual.decomposition import Problem, evaluate, primal, solve_block
 from bounds.dual.duals import Duals
 from bounds.types import Budget
 from kernels import backend as kernel_backend
@@ -84,9 +85,10 @@ def _expand(gamma: Tensor, like: Tensor) -> Tensor:
 
 
 class ProxState(NamedTuple):
-    """The solver's state, all tensors: the QP point `xhB[i]` (hidden layer i+1) and `xhA[j]`
-    (block j's output), the anchor and the previous anchor's `rho` (for momentum), and the best
-    `q` per problem `[B, S]` with the duals achieving it."""
+    """The solver's state, all tensors: the QP point, `xhB[e]` per edge and `xhA[k]` per pair
+    (a subproblem's share of a target; on a chain, block k's output), the anchor and the
+    previous anchor's `rho` (for momentum), both per edge, and the best `q` per problem
+    `[B, S]` with the duals achieving it."""
 
     xhB: tuple[Tensor, ...]
     xhA: tuple[Tensor, ...]
@@ -96,79 +98,154 @@ class ProxState(NamedTuple):
     best_rho: tuple[Tensor, ...]
 
 
-def _rho(state: ProxState, eta: tuple[Tensor, ...], i: int) -> Tensor:
-    """`rho_i = anchor_i + (xhB_i - xhA_i) / eta_i` (the dual point of the current primal)."""
-    return state.anchor[i] + (state.xhB[i] - state.xhA[i]) / _expand(eta[i], state.xhB[i])
+def _a_copy(p: Problem, shares: tuple[Tensor, ...], e: int) -> Tensor:
+    """Edge e's A copy: the sum of its shares (one on a chain)."""
+    ks = p.net.target_pairs[e]
+    total = shares[ks[0]]
+    for i in range(1, len(ks)):
+        total = total + shares[ks[i]]
+    return total
 
 
-def _block_step(
-    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int
-) -> tuple[Tensor | None, Tensor]:
-    """One Frank-Wolfe step on block j: conditional gradient, exact step, convex combination.
-    Returns block j's new `(xhB_{j-1}, xhA_j)` (`xhB` None for block 0). Where the Triton
-    kernels run (CUDA tensors, see `kernels.backend`), ReLU blocks use the fused kernels of
-    `kernels.prox_relu_block`; elsewhere the generic oracle (same maths, fewer calls: faster
-    in eager CPU mode than the kernels' torch references)."""
-    fused = j == 0 or p.net.relaxations[j - 1].fused == "planet"
-    if fused and kernel_backend.use_triton(state.xhA[j]):
-        return _relu_block_step(p, state, eta, j)
-    return _generic_block_step(p, state, eta, j)
+def _rho(p: Problem, state: ProxState, eta: tuple[Tensor, ...], e: int) -> Tensor:
+    """`rho_e = anchor_e + (xhB_e - xhA_e) / eta_e` (the dual point of the current primal)."""
+    k = p.net.only_share[e]
+    a = state.xhA[k] if k >= 0 else _a_copy(p, state.xhA, e)
+    return state.anchor[e] + (state.xhB[e] - a) / _expand(eta[e], state.xhB[e])
+
+
+def _block_rho(
+    p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int
+) -> list[Tensor | None]:
+    """`rho` at the edges subproblem s reads (its own and its targets'), None elsewhere."""
+    n = p.net.n_edges
+    rho: list[Tensor | None] = [None] * n
+    source = p.net.sources[s]
+    for e in source.edges + source.targets:
+        if e < n and rho[e] is None:
+            rho[e] = _rho(p, state, eta, e)
+    return rho
+
+
+BlockStep = tuple[tuple[Tensor, ...], tuple[Tensor, ...]]  # (xhB per edge, xhA per pair)
+
+
+def _fusable(p: Problem, s: int) -> bool:
+    """Block s fits the fused kernels: one share, and the input or a one-input node whose
+    relaxation has the "planet" kernels."""
+    source = p.net.sources[s]
+    if len(source.pairs) != 1:
+        return False
+    return not s or (len(source.edges) == 1 and p.net.acts[s - 1].op.relaxation.fused == "planet")
+
+
+def _block_step(p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int) -> BlockStep:
+    """One Frank-Wolfe step on block s: conditional gradient, exact step, convex combination.
+    Returns the block's new `xhB` (its edges, empty for the input) and `xhA` (its pairs).
+    Where the Triton kernels run (CUDA tensors, see `kernels.backend`), blocks that fit them
+    (`_fusable`: a chain's ReLU blocks) use the fused kernels of `kernels.prox_relu_block`;
+    elsewhere the generic oracle (same maths, fewer calls: faster in eager CPU mode than the
+    kernels' torch references)."""
+    source = p.net.sources[s]
+    if source.pairs and kernel_backend.use_triton(state.xhA[source.pairs[0]]) and _fusable(p, s):
+        return _relu_block_step(p, state, eta, s)
+    if source.simple:
+        return _simple_block_step(p, state, eta, s)
+    return _generic_block_step(p, state, eta, s)
 
 
 def _relu_block_step(
-    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int, use_triton: bool | None = None
-) -> tuple[Tensor | None, Tensor]:
-    """`_generic_block_step` for a ReLU block through the kernels: `-rho_j`, then the oracle
-    pass on layer j-1 (rho, argmin, B-side sums) and the update pass (A-side sums, exact step,
-    convex combinations); the affine maps stay in torch."""
-    block, last = p.net.blocks[j], j == p.n_blocks - 1
+    p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int, use_triton: bool | None = None
+) -> BlockStep:
+    """`_generic_block_step` for a block that fits the kernels (`_fusable`): `-rho` of its
+    target, then the oracle pass on its edge (rho, argmin, B-side sums) and the update pass
+    (A-side sums, exact step, convex combinations); the affine maps stay in torch."""
+    source = p.net.sources[s]
+    (k,), (t,) = source.pairs, source.targets
+    last = t == p.net.n_edges
     coeff = p.c if last else prox_neg_rho(
-        state.anchor[j], state.xhB[j], state.xhA[j], eta[j], use_triton=use_triton
+        state.anchor[t], state.xhB[t], _a_copy(p, state.xhA, t), eta[t], use_triton=use_triton
     )  # fmt: skip
-    g = block.adjoint(coeff)
-    eta_out = None if last else eta[j]
-    if j == 0:
+    g = pull_back(p.net, s, (coeff,))
+    eta_out = None if last else eta[t]
+    if s == 0:
         box_l, box_u = p.box.lower.unsqueeze(1), p.box.upper.unsqueeze(1)
-        xhA_cg = block.forward(torch.where(g > 0, box_l, box_u).expand_as(g))
-        xhA, _, _ = prox_block_update(coeff, state.xhA[0], xhA_cg, eta_out, use_triton=use_triton)
-        return None, xhA
-    i = j - 1
+        xhA_cg = push_forward(p.net, 0, torch.where(g > 0, box_l, box_u).expand_as(g))[0]
+        xhA, _, _ = prox_block_update(coeff, state.xhA[k], xhA_cg, eta_out, use_triton=use_triton)
+        return (), (xhA,)
+    (e,) = source.edges
     xhB_cg, x_cg, num_b, den_b = prox_relu_oracle(
-        state.anchor[i], state.xhB[i], state.xhA[i], eta[i], g, p.lower[i], p.upper[i],
+        state.anchor[e], state.xhB[e], _a_copy(p, state.xhA, e), eta[e], g, p.lower[e], p.upper[e],
         use_triton=use_triton,
     )  # fmt: skip
-    b_side = {"xhB": state.xhB[i], "xhB_cg": xhB_cg, "num_b": num_b, "den_b": den_b}
+    b_side = {"xhB": state.xhB[e], "xhB_cg": xhB_cg, "num_b": num_b, "den_b": den_b}
+    xhA_cg = push_forward(p.net, s, x_cg)[0]
     xhA, xhB, _ = prox_block_update(
-        coeff, state.xhA[j], block.forward(x_cg), eta_out, **b_side, use_triton=use_triton
+        coeff, state.xhA[k], xhA_cg, eta_out, **b_side, use_triton=use_triton
     )
-    return xhB, xhA
+    return (xhB,), (xhA,)
 
 
-def _generic_block_step(
-    p: Problem, state: ProxState, eta: tuple[Tensor, ...], j: int
-) -> tuple[Tensor | None, Tensor]:
-    """One Frank-Wolfe step on block j through the relaxation's `argmin` (any activation)."""
-    last = j == p.n_blocks - 1
-    rho: list[Tensor | None] = [None] * len(state.xhB)
-    if j >= 1:
-        rho[j - 1] = _rho(state, eta, j - 1)
+def _generic_block_step(p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int) -> BlockStep:
+    """One Frank-Wolfe step on block s through the relaxation's `argmin` (any nonlinearity).
+    The step moves the block's B copies and its shares of every target together; the exact
+    line search sums the linear and quadratic terms of every constraint they enter."""
+    if p.net.sources[s].simple:
+        return _simple_block_step(p, state, eta, s)
+    rho = _block_rho(p, state, eta, s)
+    cg = solve_block(p, rho, s)
+    source, out = p.net.sources[s], p.net.n_edges
+    pairs, edges = source.pairs, source.edges
+    num, den = 0, 0
+    d_a = []
+    for k, t, share in zip(pairs, source.targets, cg.xhA):
+        d = share - state.xhA[k]
+        d_a.append(d)
+        if t == out:
+            num = num + _sum(p.c * -d)
+        else:
+            num = num + _sum(rho[t] * d)
+            den = den + _sum(d * d) / eta[t]
+    d_b = []
+    for e, b in zip(edges, cg.xhB):
+        d = b - state.xhB[e]
+        d_b.append(d)
+        num = num - _sum(rho[e] * d)
+        den = den + _sum(d * d) / eta[e]
+    if isinstance(num, int):  # nothing to move
+        return tuple(state.xhB[e] for e in edges), tuple(state.xhA[k] for k in pairs)
+    gamma = _gamma(num, den if isinstance(den, Tensor) else torch.zeros_like(num))
+    new_b = tuple([state.xhB[e] + _expand(gamma, d) * d for e, d in zip(edges, d_b)])
+    new_a = tuple([state.xhA[k] + _expand(gamma, d) * d for k, d in zip(pairs, d_a)])
+    return new_b, new_a
+
+
+def _simple_block_step(p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int) -> BlockStep:
+    """`_generic_block_step` for a block with one share and at most one edge (a chain's)."""
+    source, n = p.net.sources[s], p.net.n_edges
+    (k,), (t,) = source.pairs, source.targets
+    last = t == n
+    rho: list[Tensor | None] = [None] * n
+    if s:
+        (e,) = source.edges
+        rho[e] = _rho(p, state, eta, e)
     if not last:
-        rho[j] = _rho(state, eta, j)
-    cg = solve_block(p, rho, j)
-    d_a = cg.xhA - state.xhA[j]
-    num = _sum(p.c * -d_a) if last else _sum(rho[j] * d_a)
-    den = torch.zeros_like(num) if last else _sum(d_a * d_a) / eta[j]
-    if j == 0:
-        return None, state.xhA[j] + _expand(_gamma(num, den), d_a) * d_a
-    d_b = cg.xhB - state.xhB[j - 1]
-    num = num - _sum(rho[j - 1] * d_b)
-    den = den + _sum(d_b * d_b) / eta[j - 1]
+        rho[t] = _rho(p, state, eta, t)
+    cg = solve_block(p, rho, s)
+    d_a = cg.xhA[0] - state.xhA[k]
+    num = _sum(p.c * -d_a) if last else _sum(rho[t] * d_a)
+    den = torch.zeros_like(num) if last else _sum(d_a * d_a) / eta[t]
+    if not s:
+        return (), (state.xhA[k] + _expand(_gamma(num, den), d_a) * d_a,)
+    d_b = cg.xhB[0] - state.xhB[e]
+    num = num - _sum(rho[e] * d_b)
+    den = den + _sum(d_b * d_b) / eta[e]
     gamma = _gamma(num, den)
-    return state.xhB[j - 1] + _expand(gamma, d_b) * d_b, state.xhA[j] + _expand(gamma, d_a) * d_a
+    return (state.xhB[e] + _expand(gamma, d_b) * d_b,), (state.xhA[k] + _expand(gamma, d_a) * d_a,)
 
 
 def _etas(factor: Tensor, scale: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """`eta_i = factor * scale_i` `[B, S]` per layer."""
+    """`eta_e = factor * scale_e` `[B, S]` per edge."""
     return tuple(factor * s for s in scale)
 
 
@@ -178,11 +255,15 @@ def sweep_step(
     """One sweep: Frank-Wolfe steps on blocks 0..n-1 in turn (each sees its predecessors'
     updates), for the fixed anchor and `eta = factor * scale`."""
     eta = _etas(factor, scale)
-    for j in range(p.n_blocks):
-        xhB_j, xhA_j = _block_step(p, state, eta, j)
-        xhA = (*state.xhA[:j], xhA_j, *state.xhA[j + 1 :])
-        xhB = state.xhB if xhB_j is None else (*state.xhB[: j - 1], xhB_j, *state.xhB[j:])
-        state = ProxState(xhB, xhA, state.anchor, state.previous, state.best_value, state.best_rho)
+    for s, source in enumerate(p.net.sources):
+        new_b, new_a = _block_step(p, state, eta, s)
+        xhB, xhA = list(state.xhB), list(state.xhA)
+        for e, b in zip(source.edges, new_b):
+            xhB[e] = b
+        for k, a in zip(source.pairs, new_a):
+            xhA[k] = a
+        state = ProxState(tuple(xhB), tuple(xhA), state.anchor, state.previous,
+                          state.best_value, state.best_rho)  # fmt: skip
     return state
 
 
@@ -192,7 +273,7 @@ def anchor_step(
     """`q` at the current `rho`, the best-so-far update, and the anchor's move
     `anchor = rho + momentum * (rho - previous rho)`."""
     eta = _etas(factor, scale)
-    rho = Duals(tuple(_rho(state, eta, i) for i in range(len(state.xhB))))
+    rho = Duals(tuple(_rho(p, state, eta, e) for e in range(len(state.xhB))))
     value, _ = evaluate(p, rho)
     improved = value > state.best_value
     best = rho.where(improved, Duals(state.best_rho))
@@ -218,12 +299,14 @@ def _eta_factor(config: ProximalConfig, k: int, total: int) -> float:
     return config.eta_start + frac * (config.eta_end - config.eta_start)
 
 
-def _eta_scale(duals: Duals, solutions: list[BlockSolution]) -> tuple[Tensor, ...]:
-    """Per layer and problem `||xhB - xhA|| / ||rho||` at the start: makes `eta` invariant to
+def _eta_scale(
+    p: Problem, duals: Duals, xhB: tuple[Tensor, ...], xhA: tuple[Tensor, ...]
+) -> tuple[Tensor, ...]:
+    """Per edge and problem `||xhB - xhA|| / ||rho||` at the start: makes `eta` invariant to
     the scales of the network's activations and of the objective."""
     scale = []
-    for i, rho in enumerate(duals.rho):
-        gap = (solutions[i + 1].xhB - solutions[i].xhA).flatten(2).norm(dim=-1)
+    for e, rho in enumerate(duals.rho):
+        gap = (xhB[e] - _a_copy(p, xhA, e)).flatten(2).norm(dim=-1)
         size = rho.flatten(2).norm(dim=-1)
         ratio = gap / size.clamp(min=1e-12)
         scale.append(torch.where((gap > 0) & (size > 0), ratio, torch.ones_like(ratio)))
@@ -233,11 +316,10 @@ def _eta_scale(duals: Duals, solutions: list[BlockSolution]) -> tuple[Tensor, ..
 def initial_state(problem: Problem, init: Duals) -> tuple[ProxState, tuple[Tensor, ...]]:
     """The primal at the oracle's minimisers for `init` (anchor = init) and eta's scales."""
     value, solutions = evaluate(problem, init)
-    xhB = tuple(s.xhB for s in solutions[1:])
-    xhA = tuple(s.xhA for s in solutions)
+    xhB, xhA = primal(problem, solutions)
     rho = init.rho  # three copies: the compiled step must not see aliased inputs
     state = ProxState(xhB, xhA, rho, init.clone().rho, value, init.clone().rho)
-    return state, _eta_scale(init, solutions)
+    return state, _eta_scale(problem, init, xhB, xhA)
 
 
 def solve(

@@ -75,7 +75,7 @@ def ascent_step(p: Problem, state: AscentState, step: Tensor) -> AscentState:
     improved = value > state.best_value
     best = rho.where(improved, Duals(state.best_rho))
     best_value = torch.where(improved, value, state.best_value)
-    return AscentState(rho.rho, supergradient(solutions).rho, m, v, t, best_value, best.rho)
+    return AscentState(rho.rho, supergradient(p, solutions).rho, m, v, t, best_value, best.rho)
 
 
 def initial_state(problem: Problem, init: Duals) -> AscentState:
@@ -84,7 +84,7 @@ def initial_state(problem: Problem, init: Duals) -> AscentState:
     m = tuple(torch.zeros_like(r) for r in init.rho)
     v = tuple(torch.zeros_like(r) for r in init.rho)
     t = problem.c.new_zeros(())
-    grad = supergradient(solutions).rho
+    grad = supergradient(problem, solutions).rho
     return AscentState(init.rho, grad, m, v, t, value, init.clone().rho)
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 import verify
 from bounds.errors import InvalidLimitError, UnsupportedOperationError
+from bounds.lp import SAFETY
 from bounds.types import Budget
 from tests.bad_inputs.conftest import raises_where, unchanged_module
 from tests.soundness import assert_contains, box_samples
@@ -331,11 +332,22 @@ class _Concat(nn.Module):
         return self.c(torch.relu(torch.cat([self.a(x), self.b(x)], 1)))
 
 
-@pytest.mark.parametrize(("method", "where"), [("prox", "non-chain")])
-def test_methods_that_need_a_chain_name_the_node(method, where):
+@pytest.mark.parametrize("method", ["prox", "supergradient"])
+def test_the_decomposition_bounds_a_concat(method):
+    """The decomposition reads the same graph (a Concat feeding a ReLU): its bounds hold on
+    samples and are no tighter than the LP's for the same intermediate bounds (a dual bound,
+    float64)."""
     net = _Concat().double()
-    with raises_where(verify.UnsupportedOperationError, where):
-        verify.bounds(net, 0.1, x=torch.zeros(1, 2, dtype=D), method=method)
+    x = torch.zeros(1, 2, dtype=D)
+    found = verify.bounds(net, 0.1, x=x, method=method, intermediate="crown")
+    exact = verify.bounds(net, 0.1, x=x, method="lp", intermediate="crown")
+    points = box_samples(x - 0.1, x + 0.1, 500)
+    with torch.no_grad():
+        values = net(points[0]).unsqueeze(0)
+    assert_contains(found.lower, found.upper, values, tol=1e-6)
+    slack = 2 * SAFETY  # the LP's bounds are its optima loosened by SAFETY (relative)
+    assert (found.lower <= exact.lower + slack * (1 + exact.lower.abs())).all()
+    assert (found.upper >= exact.upper - slack * (1 + exact.upper.abs())).all()
 
 
 def test_the_lp_encodes_a_concat():

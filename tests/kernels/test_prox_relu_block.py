@@ -9,8 +9,14 @@ import torch
 
 import verify
 from benchmarks import gpu_check_prox
-from bounds.dual import Duals, crown_duals, layered, problem_from_intervals, proximal
-from bounds.dual.proximal import ProxState, _generic_block_step, _relu_block_step, initial_state
+from bounds.dual import Duals, decompose, initial_duals, problem_from_intervals, proximal
+from bounds.dual.proximal import (
+    ProxState,
+    _fusable,
+    _generic_block_step,
+    _relu_block_step,
+    initial_state,
+)
 from bounds.methods.crown import crown, output_functional
 from bounds.types import Interval
 from kernels.backend import kernel_backend
@@ -233,35 +239,47 @@ def _solver_setup(name: str) -> tuple:
     box = Interval(x - 0.3, x + 0.3)
     C = torch.randn(2, 3, graph.output.shape[0], generator=gen, dtype=torch.float64)
     _, _, intervals = crown(graph, box, C)
-    problem = problem_from_intervals(layered(graph), box, intervals, output_functional(graph, C))
-    duals = crown_duals(problem)
+    problem = problem_from_intervals(decompose(graph), box, intervals, output_functional(graph, C))
+    duals = initial_duals(problem)
     noise = Duals(tuple(0.3 * torch.randn(r.shape, generator=gen, dtype=r.dtype) for r in duals.rho))  # fmt: skip
     state, scale = initial_state(problem, duals + noise)
     eta = tuple(s * (torch.rand(s.shape, generator=gen, dtype=s.dtype) + 0.5) for s in scale)
     return problem, state, eta
 
 
-def _replace_block(state: ProxState, j: int, xhB_j, xhA_j) -> ProxState:
-    xhA = (*state.xhA[:j], xhA_j, *state.xhA[j + 1 :])
-    xhB = state.xhB if xhB_j is None else (*state.xhB[: j - 1], xhB_j, *state.xhB[j:])
-    return state._replace(xhA=xhA, xhB=xhB)
+def _replace_block(problem, state: ProxState, j: int, new_b, new_a) -> ProxState:
+    """`state` with block j's new B copies (its edges) and shares (its pairs)."""
+    xhB, xhA = list(state.xhB), list(state.xhA)
+    for e, b in zip(problem.net.act_edges[j - 1] if j else (), new_b):
+        xhB[e] = b
+    for k, a in zip(problem.net.sources[j].pairs, new_a):
+        xhA[k] = a
+    return state._replace(xhA=tuple(xhA), xhB=tuple(xhB))
 
 
 @pytest.mark.parametrize(
     "name, use_triton",
-    [("mlp", False), ("conv", False), pytest.param("conv", True, marks=needs_triton)],
+    [
+        ("mlp", False),
+        ("conv", False),
+        ("residual", False),
+        pytest.param("conv", True, marks=needs_triton),
+        pytest.param("residual", True, marks=needs_triton),
+    ],
 )
 def test_block_steps_equal_the_proximal_solver(name, use_triton):
     """Sweeps over every block (first, middle, last) of a zoo net, float64, B=2, S=3; the
-    second sweep starts away from the oracle's points (one sweep for the slow interpreter)."""
+    second sweep starts away from the oracle's points (one sweep for the slow interpreter).
+    The residual net's blocks fit the kernels too (one share each, the skip inside a region)."""
     problem, state, eta = _solver_setup(name)
+    assert all(_fusable(problem, j) for j in range(problem.n_blocks))
     start = state
     for _ in range(1 if use_triton else 2):
         for j in range(problem.n_blocks):
             want = _generic_block_step(problem, state, eta, j)
             got = _relu_block_step(problem, state, eta, j, use_triton)
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
-            state = _replace_block(state, j, *want)
+            state = _replace_block(problem, state, j, *want)
     moved = [(a - b).abs().max() for a, b in zip(state.xhB + state.xhA, start.xhB + start.xhA)]
     assert min(moved) > 0  # every block stepped
 
@@ -271,9 +289,9 @@ def test_solver_through_the_triton_kernels_equals_the_generic_solver():
     """The whole proximal solver with the kernel path forced (the interpreter on CPU)."""
     problem, _, _ = _solver_setup("mlp")
     config = proximal.ProximalConfig(iterations=4, inner=2)
-    generic = proximal.solve(problem, config, crown_duals(problem))
+    generic = proximal.solve(problem, config, initial_duals(problem))
     with kernel_backend("triton"):
-        fused = proximal.solve(problem, config, crown_duals(problem))
+        fused = proximal.solve(problem, config, initial_duals(problem))
     torch.testing.assert_close(fused.lower, generic.lower, rtol=1e-9, atol=1e-9)
     for a, b in zip(fused.duals.rho, generic.duals.rho):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
