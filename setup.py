@@ -24,6 +24,8 @@ setup(
         "crf": ["pillow>=10"],
         # VNN-LIB 2.0 files (verify/io/vnnlib2.py); 1.0 files need nothing extra.
         "vnnlib2": ["vnnlib>=1.0.2"],
+        # Suites and hard instances over Ray workers (verify/distributed; --workers, --ray).
+        "distributed": ["ray>=2.40"],
         "bench": [
             "matplotlib>=3.7",
             "scikit-learn>=1.3",

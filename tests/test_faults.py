@@ -197,3 +197,27 @@ def test_cli_writes_the_campaign(tmp_path, shared_data, capsys):
     assert "| ours |" in capsys.readouterr().out
     first = (tmp_path / "trials.csv").read_text()
     assert cli.main(args) == 0 and (tmp_path / "trials.csv").read_text() == first
+
+
+@pytest.mark.data
+def test_python_m_verify_runs_the_campaign(tmp_path, shared_data):
+    """`python -m verify faults ...` is the same subcommand (wired in `verify.cli`)."""
+    from verify import cli
+
+    net = shared_data / "vnncomp2022/mnist_fc/onnx/mnist-net_256x2.onnx.gz"
+    data = shared_data / "oval/mnist_test_first100.csv"
+    argv = ["faults", str(net), "--data", str(data), "--out", str(tmp_path), "--domain",
+            "box:0,1", "--trials", "20", "--no-progress", "--no-plot"]  # fmt: skip
+    assert cli.main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "trials.csv").read_text().splitlines()))
+    assert len(rows) == 40
+
+
+def test_a_bad_faults_option_is_one_error_line(tmp_path, capsys):
+    from verify import cli
+
+    argv = ["faults", str(tmp_path / "missing.onnx"), "--data", str(tmp_path / "x.csv"),
+            "--out", str(tmp_path), "--domain", "box:0,1", "--trials", "5"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "missing.onnx" in err[0]

@@ -12,6 +12,11 @@ files give one `error:` line naming the file (and line), status 2. In `run-all`,
 CSV (missing columns, a header, a non-numeric timeout, a file that cannot be read) is reported
 with its row number and skipped. The first Ctrl-C stops `run-all`: the instance it interrupted is
 written as `unknown`, the finished rows are kept, and the exit status is 130.
+
+`--workers N` (N > 1) or `--ray ADDRESS` use Ray (extra `[distributed]`; without it: one
+`error:` line, status 2): `run-all` spreads the instances as Ray tasks
+(`verify.distributed.suite`), `run` shards the instance over Ray actors
+(`verify.distributed.shards`). `--workers 1`, the default, runs in this process without Ray.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import torch
 
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods
+from verify import faults_cli
 from verify.bab import SPLITTINGS, BabConfig, splitting_mode
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib import load_vnnlib
+from verify.property import VnnlibProperty
 from verify.relu_bab import ReluSplitConfig
 from verify.verifier import STATUSES, VerificationResult, verify
 
@@ -112,7 +119,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="ReLU splitting: proximal-solver sweeps on the domains alpha-beta-CROWN leaves "
         f"open (0: off; default {ReluSplitConfig.prox_iterations})",
     )
-    parser.add_argument("--threads", type=count_option(1), default=1, help="torch threads (1)")
+    parser.add_argument(
+        "--workers",
+        type=count_option(1),
+        help="worker processes on a Ray cluster (default 1: this process, no Ray); run-all "
+        "spreads the instances over them, run shards the instance; with --ray, the default is "
+        "the cluster's CPUs over --threads",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="join this Ray cluster (e.g. auto or HOST:6379) instead of starting a local one",
+    )
+    parser.add_argument(
+        "--threads", type=count_option(1), default=1, help="torch threads (1; per worker)"
+    )
     parser.add_argument(
         "--device", type=device_option, default="cpu", help="torch device of the network (cpu)"
     )
@@ -136,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-scale", type=seconds_option, default=1.0, help="multiply timeouts (> 0)"
     )
     _common(every)
+    faults_cli.add_parser(sub)
     return parser
 
 
@@ -173,20 +195,64 @@ def check_method(args: argparse.Namespace, net: torch.nn.Module, prop, config: B
         )
 
 
-def run_one(args: argparse.Namespace) -> VerificationResult:
-    if args.results_file is not None:
-        check_output_file(args.results_file, "--results-file")
+def distributed(args: argparse.Namespace) -> bool:
+    """Whether the options ask for Ray (more than one worker, or a cluster address); then Ray
+    must be importable (`RayUnavailableError` naming the option, before any work)."""
+    if (args.workers or 1) == 1 and args.ray is None:
+        return False
+    from verify.distributed.cluster import require_ray  # the optional extra
+
+    require_ray(f"--workers {args.workers}" if args.ray is None else f"--ray {args.ray}")
+    return True
+
+
+def prepared(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
+    """`run`'s network, property and settings (bad files and options raise
+    VerificationInputError)."""
     network, prop_path = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
     net = load_network(network, args.device)
     prop = load_vnnlib(prop_path)
     config = bab_config(args)
     check_method(args, net, prop, config)
-    result = verify(
-        net, prop, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
-        splitting=args.splitting, config=config,
-    )  # fmt: skip
+    return net, prop, config
+
+
+def run_one(args: argparse.Namespace) -> VerificationResult:
+    if args.results_file is not None:
+        check_output_file(args.results_file, "--results-file")
+    if distributed(args):
+        result = run_sharded(args)
+    else:
+        net, prop, config = prepared(args)
+        result = verify(
+            net, prop, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
+            splitting=args.splitting, config=config,
+        )  # fmt: skip
     if args.results_file is not None:
         args.results_file.write_text(result.results_text())
+    return result
+
+
+def run_sharded(args: argparse.Namespace) -> VerificationResult:
+    """`run` with the instance sharded over Ray workers and an aggregated progress bar on
+    stderr; a cluster this call started is shut down at the end."""
+    from verify.distributed import cluster, progress  # the optional extra
+
+    try:
+        workers = args.workers
+        if workers is None:  # --ray alone: the whole cluster
+            ray = cluster.connect(1, args.ray, args.threads, f"--ray {args.ray}")
+            workers = cluster.cluster_workers(ray, args.threads)
+        net, prop, config = prepared(args)
+        bar = progress.Progress(workers, stream=sys.stderr)
+        with progress.reporting(bar):
+            result = verify(
+                net, prop, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
+                splitting=args.splitting, config=config, workers=workers, ray_address=args.ray,
+            )  # fmt: skip
+        bar.close()
+    finally:
+        cluster.shutdown()
     return result
 
 
@@ -240,6 +306,10 @@ def _row_problem(row: list[str]) -> str | None:
 def run_all(args: argparse.Namespace, out=None, errors=None) -> list[dict]:
     """Run every instance; returns the rows written to `args.out`. The first Ctrl-C ends the run
     after writing the current instance as "unknown" (`args.interrupted` is then True)."""
+    if distributed(args):
+        from verify.distributed.suite import run_suite  # the optional extra
+
+        return run_suite(args, out, errors)
     out, errors = out or sys.stdout, errors or sys.stderr
     check_output_file(args.out, "--out")
     root = args.root or args.instances.parent
@@ -318,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     interrupted."""
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.command == "faults":
+        return faults_cli.main(args)
     try:
         if args.command == "run":
             result = run_one(args)

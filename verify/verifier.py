@@ -121,6 +121,23 @@ def check_sizes(net: nn.Module, spec: VnnlibProperty) -> None:
         raise ShapeMismatchError(f"{spec.path} has {n_out} outputs but the network gives {got}")
 
 
+def check_workers(workers: Any) -> int:
+    """`workers` as an int; `InvalidLimitError` unless an integer >= 1."""
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
+        raise InvalidLimitError(f"workers must be an integer >= 1, got {workers!r}")
+    return int(workers)
+
+
+def region_solver(workers: int, ray_address: str | None):
+    """`solve_region` for one worker and no cluster address (today's path, no Ray); else the
+    sharded solver with the same signature (imported, and connected to Ray, only then)."""
+    if workers == 1 and ray_address is None:
+        return solve_region
+    from verify.distributed.shards import ShardedSolver  # optional extra: imports Ray lazily
+
+    return ShardedSolver(workers, ray_address)
+
+
 def _attack_all(net, spec: VnnlibProperty, config: AttackConfig, seed: int, deadline: float):
     """A validated `(x, y)` from a PGD attack on any region, or None (also once the deadline
     has passed)."""
@@ -150,6 +167,8 @@ def verify(
     config: BabConfig | None = None,
     splitting: str | None = None,
     seed: int = 0,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> VerificationResult:
     """Decide `spec` on `net` within `timeout` seconds (the budget starts at the call).
 
@@ -160,9 +179,20 @@ def verify(
     counterexamples are checked in float64 on the CPU. Raises `InvalidLimitError` for a
     timeout that is not a finite number > 0 and `ShapeMismatchError` when the spec's numbers
     of inputs or outputs are not the network's, before any other work.
+
+    `workers` > 1 (or a Ray cluster's `ray_address`) shards each region's branch and bound over
+    that many Ray actors (`verify.distributed.shards`; the same answers as one worker, within
+    the same time limit). It needs Ray (extra `[distributed]`): `RayUnavailableError` when it
+    is missing, `ClusterError` when the cluster cannot be reached, both before any work. It
+    uses this process's Ray connection, or starts a local cluster of `workers` CPUs and keeps it
+    for later calls; starting the cluster (seconds) comes before the time limit's clock, the
+    workers' start (seconds too, the first time) within it, while this process searches.
+    `workers` must be an integer >= 1 (`InvalidLimitError`).
     """
+    seconds = check_timeout(timeout)
+    solve = region_solver(check_workers(workers), ray_address)  # may start Ray: before the clock
     start = time.monotonic()
-    deadline = start + check_timeout(timeout)
+    deadline = start + seconds
     config = replace(config or BabConfig(), method=method)
     if splitting is not None:
         config = replace(config, splitting=splitting)
@@ -178,7 +208,7 @@ def verify(
             if time.monotonic() >= deadline:
                 status = "timeout"
                 break
-            outcome = solve_region(net, region, deadline, config, seed)
+            outcome = solve(net, region, deadline, config, seed)
             stats["regions"].append(outcome.stats)
             if outcome.status != "unsat":
                 status, found = outcome.status, outcome.counterexample
