@@ -141,6 +141,7 @@ class ReluBab(RegionSearch):
         self.sizer = BatchSizer(config)
         self.max_open = self._max_open()
         self.deadline = float("inf")
+        self.crown_seconds = 0.0  # the root's CROWN intervals took this long (set by _root)
         self.worst: tuple[Tensor, Tensor] | None = None  # primal points, polytopes of the worst
 
     @staticmethod
@@ -197,7 +198,9 @@ class ReluBab(RegionSearch):
     def _root(self) -> tuple[ReluDomains, tuple[Tensor, Tensor] | None]:
         """The open root domains (one per polytope the root bound does not exclude) and a
         validated counterexample among the root's primal points, if any."""
+        tick = time.perf_counter()
         intervals = crown_intervals(self.check.graph, self.box64, deadline=self.deadline)
+        self.crown_seconds = time.perf_counter() - tick
         self._set_base(flat_intervals(intervals, self.layout))
         tick = time.perf_counter()
         lower, alpha, points, best = self._root_bound()
@@ -254,10 +257,14 @@ class ReluBab(RegionSearch):
 
     def _tighten(self, intervals: dict[str, Interval]) -> bool:
         """Tighten the root's intermediate bounds (float64 `intervals`, when rechecking) by
-        alpha-CROWN in the same dtype, within its share of the time left; False when off."""
+        alpha-CROWN in the same dtype, within its share of the time left; False when off, or
+        when that share is under one iteration's predicted time (a forward pass over every
+        layer's neurons, as long as the root's CROWN intervals took, and a backward pass of
+        about twice that): an iteration cut short tightens nothing, and its slopes and moments
+        alone take a second to allocate on a net of eight 1024-neuron layers."""
         iterations, share = self.settings.intermediate_iterations, self.settings.intermediate_share
         left = self.deadline - time.monotonic()
-        if iterations == 0 or share == 0 or left <= 0:
+        if iterations == 0 or share == 0 or share * left < 3 * self.crown_seconds:
             return False
         config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=True)
         C = self.check.spec.C.unsqueeze(0)
