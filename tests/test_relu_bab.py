@@ -16,15 +16,19 @@ from torch import nn
 import verify
 import verify.verifier as verifier
 from bounds.methods import beta_crown
+from bounds.methods.beta_crown import relu_nodes
 from bounds.methods.crown import crown
 from bounds.types import Interval
+from verify.api import network_graph
 from verify.attack import UnsafeSpec, violation
 from verify.bab import BabConfig, solve_region, splitting_mode
 from verify.bab_common import DeadlineReachedError
-from verify.branching import babsr_scores, branchable
+from verify.branching import Layout, babsr_scores, branchable, side_slopes
 from verify.cli import build_parser
 from verify.property import Polytope, Region, VnnlibProperty
 from verify.relu_bab import ReluBab, ReluDomains, ReluSplitConfig
+
+D = torch.float64
 
 RELU = BabConfig(splitting="relu")
 
@@ -233,6 +237,54 @@ def test_babsr_scores_only_ambiguous_free_neurons():
     # intercept gain: min(lam, 0) u l / (u - l) = -2 * (1 * -1) / 2 = 1
     assert gain[0, 0] == pytest.approx(1.0) and score[0, 0] == pytest.approx(1.0)
     assert torch.isinf(score[0, 1:]).all()
+
+
+def _chord_scores(lam, lower, upper, bias, a, c):
+    """BaBSR for `f = a x (x < 0), c x (x > 0)` computed from its chord, neuron by neuron."""
+    scores, gains = [], []
+    for lm, l, u, b, ai, ci in zip(lam, lower, upper, bias, a, c):
+        s = (ci * u - ai * l) / (u - l)  # the chord through (l, a l) and (u, c u)
+        intercept = ai * l - s * l
+        gain = -min(lm * intercept, 0.0)  # the chord is used where it bounds on lam's side
+        worse = min(lm * b * (ci - s), lm * b * (ai - s))
+        scores.append(abs(gain + worse))
+        gains.append(gain)
+    return scores, gains
+
+
+@pytest.mark.parametrize("a, c", [(0.0, 1.0), (0.1, 1.0), (2.0, 1.0), (-1.0, 1.0)])
+def test_babsr_scores_use_the_activations_own_slopes(a, c):
+    """ReLU (0, 1), LeakyReLU (0.1, 1), a concave LeakyReLU of slope 2 and Abs (-1, 1): the
+    scores are those of each function's chord (computed neuron by neuron), and ReLU's are the
+    default."""
+    gen = torch.Generator().manual_seed(0)
+    lower = -torch.rand(1, 6, generator=gen, dtype=D) - 0.1
+    upper = torch.rand(1, 6, generator=gen, dtype=D) + 0.1
+    lam = torch.randn(1, 6, generator=gen, dtype=D)
+    bias = torch.randn(6, generator=gen, dtype=D)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    slopes = (torch.full((6,), a, dtype=D), torch.full((6,), c, dtype=D))
+    score, gain = babsr_scores(lam, lower, upper, bias, mask, slopes)
+    want_score, want_gain = _chord_scores(*(t.flatten().tolist() for t in (lam, lower, upper)),
+                                          bias.tolist(), [a] * 6, [c] * 6)  # fmt: skip
+    assert score[0].tolist() == pytest.approx(want_score, abs=1e-12)
+    assert gain[0].tolist() == pytest.approx(want_gain, abs=1e-12)
+    if (a, c) == (0.0, 1.0):
+        default = babsr_scores(lam, lower, upper, bias, mask)
+        assert torch.equal(default[0], score) and torch.equal(default[1], gain)
+
+
+def test_side_slopes_read_each_activation():
+    """Per-neuron slopes below and above 0 for ReLU, LeakyReLU and per-channel PReLU."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2), nn.LeakyReLU(0.2),
+                        nn.Linear(2, 2), nn.PReLU(2)).double()  # fmt: skip
+    with torch.no_grad():
+        net[5].weight.copy_(torch.tensor([0.3, 1.5]))
+    graph = network_graph(net, (2,))
+    layout = Layout.of(graph, relu_nodes(graph))
+    below, above = side_slopes(graph, layout, torch.zeros(1, dtype=D))
+    assert below.tolist() == pytest.approx([0, 0, 0, 0.2, 0.2, 0.3, 1.5])
+    assert above.tolist() == pytest.approx([1.0] * 7)
 
 
 def barely_violated(net: nn.Module, n_in: int, seed: int) -> Region:

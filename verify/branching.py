@@ -13,6 +13,14 @@ bias of the affine op feeding the neuron. Two effects:
   active it passes `lambda` (change `lambda b (1 - s)` in the bias term), split inactive `0`
   (change `-lambda s b`).
 The score is `|g + min(lambda b (1 - s), -lambda s b)|`: the estimated change of the worse child.
+
+Any activation exact on each side of 0 (`split_at_zero`: slope `a` below 0, `c` above, e.g.
+LeakyReLU's `a = 0.01, c = 1`) has the same estimate with its own chord: slope
+`s = (c u - a l) / (u - l)` and intercept `(c - a) (-l u) / (u - l)`, which lies above the
+function when it is convex (`c > a`, used where `lambda < 0`) and below it when it is concave
+(`c < a`, used where `lambda > 0`): `g = -min(lambda * intercept, 0)`, and the children pass
+`lambda c` (active) or `lambda a` (inactive) instead of `lambda s`. For ReLU (`a = 0, c = 1`)
+these are the formulas above.
 The intercept score `g` alone is FSB's second ranking (De Palma et al. 2021, "Improved branch and
 bound for neural network verification via Lagrangian decomposition", Sec. 5: "filtered smart
 branching" bounds both children of the top candidates of each score and keeps the best).
@@ -157,22 +165,40 @@ def pre_biases(graph: Graph, layout: Layout, like: Tensor) -> Tensor:
     return torch.cat(parts)
 
 
+def side_slopes(graph: Graph, layout: Layout, like: Tensor) -> tuple[Tensor, Tensor]:
+    """`([total], [total])`: each neuron's slope below 0 and above 0, `f(0) - f(-1)` and
+    `f(1) - f(0)` of its activation (exact for the `split_at_zero` activations that branch and
+    bound splits: linear on each side of 0; per-channel slopes included)."""
+    below, above = [], []
+    for act, shape in zip(layout.acts, layout.shapes):
+        f = graph[act].op.relaxation.forward
+        ones = like.new_ones(1, *shape)
+        zero = f(0 * ones)
+        below.append((zero - f(-ones)).reshape(-1))
+        above.append((f(ones) - zero).reshape(-1))
+    return torch.cat(below), torch.cat(above)
+
+
 def branchable(lower: Tensor, upper: Tensor, splits: Tensor) -> Tensor:
     """`[N, total]` mask of ambiguous (`l < 0 < u`), not yet split neurons."""
     return (lower < 0) & (upper > 0) & (splits == 0)
 
 
 def babsr_scores(
-    lam: Tensor, lower: Tensor, upper: Tensor, bias: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
+    lam: Tensor, lower: Tensor, upper: Tensor, bias: Tensor, mask: Tensor,
+    slopes: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """BaBSR and intercept scores `[N, total]` (see the module docstring; -inf where `mask` is
-    False). `lam [N, total]`: coefficients at the ReLU outputs; `lower`, `upper [N, total]`: the
-    domain's pre-activation bounds; `bias [total]`."""
+    False). `lam [N, total]`: coefficients at the activation outputs; `lower`, `upper
+    [N, total]`: the domain's pre-activation bounds; `bias [total]`; `slopes`: each neuron's
+    slopes below and above 0 (`side_slopes`; default ReLU's 0 and 1)."""
+    a, c = slopes if slopes is not None else (torch.zeros_like(bias), torch.ones_like(bias))
     width = torch.where(mask, upper - lower, torch.ones_like(upper))
-    slope = torch.where(mask, upper / width, torch.zeros_like(upper))
-    gain = lam.clamp(max=0) * torch.where(mask, upper * lower / width, torch.zeros_like(upper))
-    active = lam * bias * (1 - slope)
-    inactive = -lam * bias * slope
+    slope = torch.where(mask, (c * upper - a * lower) / width, torch.zeros_like(upper))
+    intercept = torch.where(mask, (c - a) * (-lower * upper) / width, torch.zeros_like(upper))
+    gain = -(lam * intercept).clamp(max=0)
+    active = lam * bias * (c - slope)
+    inactive = lam * bias * (a - slope)
     score = (gain + torch.minimum(active, inactive)).abs()
     neg = torch.full_like(score, -torch.inf)
     return torch.where(mask, score, neg), torch.where(mask, gain, neg)

@@ -75,6 +75,7 @@ from verify.branching import (  # ReluSplitConfig: re-exported, defined there wi
     fsb_pick,
     polytope_rows,
     pre_biases,
+    side_slopes,
     with_split,
 )
 from verify.property import Region
@@ -136,6 +137,7 @@ class ReluBab(RegionSearch):
         self.rows_of = polytope_rows(self.spec)  # [P, r] row indices, padded by repetition
         self.value_tol = self.value_tolerance(self.spec)
         self.bias = pre_biases(self.graph, self.layout, self.box.lower)
+        self.slopes = side_slopes(self.graph, self.layout, self.box.lower)
         self.base = Interval(self.box.lower, self.box.upper)  # flat root intervals, set by _root
         self.base64 = self.base  # the same in float64 (for the recheck), set by _root
         self.sizer = BatchSizer(config)
@@ -484,7 +486,7 @@ class ReluBab(RegionSearch):
         mask = branchable(flat.lower, flat.upper, parents.splits)
         lam = self._coefficients(parents)
         best = lam[torch.arange(len(parents), device=self.device), parents.rows.argmax(dim=1)]
-        score, gain = babsr_scores(best, flat.lower, flat.upper, self.bias, mask)
+        score, gain = babsr_scores(best, flat.lower, flat.upper, self.bias, mask, self.slopes)
         if self.settings.branching == "babsr":
             choice = score.argmax(dim=1)
         else:
