@@ -213,3 +213,30 @@ def test_fold_refuses_what_is_not_per_channel():
         "bn",
         "other",
     ]  # fc used twice
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_nonnegative_ops_have_no_negative_entry(name):
+    """An op that declares `nonnegative` (its interval is `[L l + b, L u + b]`) has
+    `|L| x == L x` on random inputs; the others compute their interval by centre and radius."""
+    op, _ = CASES[name]
+    x = _inputs(op, 3)
+    if op.nonnegative:
+        torch.testing.assert_close(op.abs_linear(x), op.linear(x), rtol=0, atol=0)
+    else:
+        assert not torch.equal(op.abs_linear(x), op.linear(x))
+
+
+def test_sums_and_reshapes_keep_infinite_and_huge_ends():
+    """A sum of an exact 1 and terms in `[0, inf]` or `[0, 1e300]` (a softmax's sum of exps)
+    keeps its lower end 1: no `inf - inf = nan`, no cancellation to 0; a reshape passes infinite
+    ends through."""
+    lower = torch.tensor([[1.0, 0.0, 0.0]], dtype=D)
+    for top in (torch.inf, 1e300):
+        upper = torch.tensor([[1.0, top, 2.0]], dtype=D)
+        out = ReduceOp((3,), (0,), keepdim=False).interval(Interval(lower, upper))
+        assert out.lower.tolist() == [1.0] and out.upper.tolist() == [top]
+    iv = IndexOp((3,), 0, [1, 2]).interval(
+        Interval(lower, torch.tensor([[1.0, torch.inf, 2.0]], dtype=D))
+    )
+    assert iv.lower.tolist() == [[0.0, 0.0]] and iv.upper.tolist() == [[torch.inf, 2.0]]

@@ -49,6 +49,11 @@ class UnaryAffineOp(BoundOp):
 
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
+    # `L` has no negative entry (`abs_linear` is `linear`: selections, reshapes, broadcasts,
+    # sums, padding): the interval is `[L l + b, L u + b]`, exact, where the centre-radius form
+    # loses the lower end to cancellation under a huge upper one and gives `inf - inf = nan`
+    # when an end is infinite (a softmax's sum of `exp`s).
+    nonnegative: bool = False
 
     @abstractmethod
     def linear(self, x: Tensor) -> Tensor:
@@ -72,6 +77,8 @@ class UnaryAffineOp(BoundOp):
         return y if b is None else y + b
 
     def interval(self, x: Interval) -> Interval:
+        if self.nonnegative:
+            return Interval(self.forward(x.lower), self.forward(x.upper))
         center = self.forward(x.center)
         radius = self.abs_linear(x.radius)
         return Interval(center - radius, center + radius)

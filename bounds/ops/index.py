@@ -15,6 +15,8 @@ class IndexOp(UnaryAffineOp):
     dimensions (0 is the first one after the batch), `index` is 1-D with entries in
     `[0, in_shape[axis])` (repeats allowed)."""
 
+    nonnegative = True
+
     def __init__(self, in_shape: tuple[int, ...], axis: int, index: Tensor | list[int]) -> None:
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
         if not 0 <= axis < len(in_shape):

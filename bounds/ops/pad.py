@@ -18,6 +18,8 @@ class PadOp(UnaryAffineOp):
     """`y = pad(x)`: `widths[k] = (before, after)` elements added on per-sample axis `k` (a
     negative width removes elements), new entries equal to `value`."""
 
+    nonnegative = True
+
     def __init__(
         self,
         in_shape: tuple[int, ...],

@@ -11,6 +11,8 @@ class PermuteOp(UnaryAffineOp):
     """`y = x.permute(0, *(p + 1 for p in perm))`: output axis `i` is input axis `perm[i]`
     (axes count the per-sample dimensions; the batch stays first)."""
 
+    nonnegative = True
+
     def __init__(self, in_shape: tuple[int, ...], perm: tuple[int, ...]) -> None:
         perm = tuple(int(p) for p in perm)
         if sorted(perm) != list(range(len(in_shape))):

@@ -18,6 +18,8 @@ class ExpandOp(UnaryAffineOp):
     """`y = broadcast_to(x, out_shape)` (numpy rules on the per-sample shapes: `in_shape` is
     padded with leading 1s, then each size-1 axis is repeated)."""
 
+    nonnegative = True
+
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
         if len(in_shape) > len(out_shape):
             raise ValueError(f"cannot broadcast {tuple(in_shape)} to {tuple(out_shape)}")
@@ -44,6 +46,8 @@ class ExpandOp(UnaryAffineOp):
 class ReduceOp(UnaryAffineOp):
     """`y = x.sum(axes)` (times `1 / count` when `mean`) over the per-sample `axes`, kept as
     size-1 dimensions when `keepdim`."""
+
+    nonnegative = True
 
     def __init__(
         self, in_shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool, mean: bool = False

@@ -10,6 +10,8 @@ from bounds.ops.base import UnaryAffineOp
 class ReshapeOp(UnaryAffineOp):
     """`y = x.reshape(N, *out_shape)`, same number of elements."""
 
+    nonnegative = True
+
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
         self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
 
