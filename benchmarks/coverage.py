@@ -207,7 +207,10 @@ def check_network(path: Path, samples: int, seconds: float) -> dict:
     record["ort_max_error"] = ort_max_error(gm, path)
     lower, upper, source = input_box(gm, first_property(path))
     record["box"] = source
-    record.update(check_bounds(gm, graph, lower, upper, samples, seconds))
+    try:
+        record.update(check_bounds(gm, graph, lower, upper, samples, seconds), bounded=True)
+    except VerificationInputError as err:  # a typed refusal while bounding (e.g. exp overflow)
+        record.update(bounded=False, sound=False, alpha_sound=False, bound_reason=str(err))
     record["seconds"] = time.perf_counter() - start
     return record
 
@@ -271,6 +274,36 @@ def refusals(records: list[dict]) -> str:
     return "\n".join(lines) or "- none"
 
 
+def bound_refusals(records: list[dict]) -> str:
+    lines = [
+        f"- {r['benchmark']}/{r['network']}: {r['bound_reason']}"
+        for r in records
+        if r["loaded"] and not r.get("bounded", True)
+    ]
+    return "\n".join(lines) or "- none"
+
+
+def write(records: list[dict], args: argparse.Namespace) -> str:
+    """The table of `records`, written to results/coverage.md and .json (after every network:
+    an interrupted run keeps the networks it finished)."""
+    rows = summarise(records)
+    text = table(rows)
+    if args.no_write:
+        return text
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    md = (f"# Coverage of the VNN-COMP 2022/2023 networks\n\n`python -m benchmarks.coverage "
+          f"--samples {args.samples} --seconds {args.seconds}`\n\n{text}\n\n"
+          "The last column is from `benchmarks/runall_truth.py` (its last results).\n\n"
+          f"## Refusals (loading)\n\n{refusals(records)}\n\n"
+          f"## Refusals (bounding: a typed error, counted as not sound)\n\n"
+          f"{bound_refusals(records)}\n")  # fmt: skip
+    (RESULTS / "coverage.md").write_text(md)
+    (RESULTS / "coverage.json").write_text(
+        json.dumps({"summary": rows, "networks": records}, indent=1)
+    )
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10_000)
@@ -284,27 +317,16 @@ def main() -> None:
         if args.only and args.only not in bench:
             continue
         record = {"benchmark": bench, **check_network(path, args.samples, args.seconds)}
-        status = (
-            "refused"
-            if not record["loaded"]
-            else ("sound" if record["sound"] and record["alpha_sound"] else "UNSOUND")
-        )
+        if not record["loaded"]:
+            status = "refused"
+        elif not record["bounded"]:
+            status = "no bound"
+        else:
+            status = "sound" if record["sound"] and record["alpha_sound"] else "UNSOUND"
         print(f"{bench:22s} {path.name:60s} {status:8s} {record['seconds']:7.1f} s", flush=True)
         records.append(record)
-    rows = summarise(records)
-    text = table(rows)
+        text = write(records, args)
     print(text)
-    if args.no_write:
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    md = (f"# Coverage of the VNN-COMP 2022/2023 networks\n\n`python -m benchmarks.coverage "
-          f"--samples {args.samples} --seconds {args.seconds}`\n\n{text}\n\n"
-          "`verify run-all` against `truth/` is not run by this script.\n\n"
-          f"## Refusals\n\n{refusals(records)}\n")  # fmt: skip
-    (RESULTS / "coverage.md").write_text(md)
-    (RESULTS / "coverage.json").write_text(
-        json.dumps({"summary": rows, "networks": records}, indent=1)
-    )
 
 
 if __name__ == "__main__":
