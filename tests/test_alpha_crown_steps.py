@@ -63,3 +63,29 @@ def test_a_larger_learning_rate_is_not_looser(seed):
     scale = abs(total[0.1])
     assert total[0.5] >= total[0.1] - 0.02 * scale, total
     assert total[1.0] >= total[0.1] - 0.05 * scale, total
+
+
+def _slopes_after(net: nn.Module, x: torch.Tensor, iterations: int, lr_decay: float) -> list:
+    result = verify.bounds(
+        net, 1.0, x=x, method="alpha-crown", iterations=iterations, lr=0.5, lr_decay=lr_decay,
+        tolerance=0.0, check_every=100,
+    )  # fmt: skip
+    return list(result.stats["final_slopes"].values())
+
+
+def test_the_learning_rate_decays_by_lr_decay_per_step():
+    """With lr_decay 1e-6 the third Adam step moves no slope by more than 1e-12 (Adam's step
+    is at most about lr); without decay it moves them visibly."""
+    net, x = _deep_mlp(0), torch.zeros(1, 5, dtype=torch.float64)
+    for decay, moved in ((1e-6, False), (1.0, True)):
+        one, two = _slopes_after(net, x, 2, decay), _slopes_after(net, x, 3, decay)
+        change = max(float((a - b).abs().max()) for a, b in zip(one, two))
+        assert (change > 1e-3) == moved, (decay, change)
+
+
+def test_lr_decay_outside_the_unit_interval_is_refused():
+    from bounds.methods.alpha_crown import AlphaCrownConfig
+
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="lr_decay"):
+            AlphaCrownConfig(lr_decay=bad)

@@ -53,14 +53,17 @@ from bounds.types import Budget, Interval
 
 @dataclass(frozen=True)
 class AlphaCrownConfig:
-    """iterations: Adam steps (overridden by a budget); lr: Adam's step; optimize_intermediate:
-    also optimise the slopes used for intermediate bounds; check_every: iterations between early
+    """iterations: Adam steps (overridden by a budget); lr: Adam's step; lr_decay: the step
+    after k updates is `lr * lr_decay**k` (auto_LiRPA's exponential schedule uses 0.98 with lr
+    0.5); optimize_intermediate: also optimise the slopes used for intermediate bounds;
+    check_every: iterations between early
     stop / time checks; tolerance: stop when the summed bound improved by less than this
     (relative) over the last `check_every` iterations; compile: torch.compile the step (True /
     False / "auto": on CUDA without `optimize_intermediate`, see `bounds.compile`)."""
 
     iterations: int = 20
     lr: float = 0.1
+    lr_decay: float = 1.0
     optimize_intermediate: bool = True
     check_every: int = 5
     tolerance: float = 1e-4
@@ -72,6 +75,8 @@ class AlphaCrownConfig:
             raise ValueError("iterations must be >= 0 and check_every >= 1")
         if not self.lr > 0 or self.tolerance < 0:
             raise ValueError("lr must be > 0 and tolerance >= 0")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError("lr_decay must be in (0, 1]")
 
 
 class AlphaState(NamedTuple):
@@ -376,6 +381,7 @@ def alpha_crown(
         evaluated = state.alphas
         last = it == iterations or (it == 0 and passed(stop_at))
         state = (alpha_evaluate if last and not use else step)(problem, state, lr)
+        lr = lr * config.lr_decay
         if last or state.alphas is evaluated or pacer.done():  # out of iterations or time
             break
         if (it + 1) % config.check_every == 0:
