@@ -53,14 +53,17 @@ from bounds.types import Budget, Interval
 
 @dataclass(frozen=True)
 class AlphaCrownConfig:
-    """iterations: Adam steps (overridden by a budget); lr: Adam's step; optimize_intermediate:
-    also optimise the slopes used for intermediate bounds; check_every: iterations between early
+    """iterations: Adam steps (overridden by a budget); lr: Adam's step; lr_decay: the step
+    after k updates is `lr * lr_decay**k` (auto_LiRPA's exponential schedule uses 0.98 with lr
+    0.5); optimize_intermediate: also optimise the slopes used for intermediate bounds;
+    check_every: iterations between early
     stop / time checks; tolerance: stop when the summed bound improved by less than this
     (relative) over the last `check_every` iterations; compile: torch.compile the step (True /
     False / "auto": on CUDA without `optimize_intermediate`, see `bounds.compile`)."""
 
     iterations: int = 20
     lr: float = 0.1
+    lr_decay: float = 1.0
     optimize_intermediate: bool = True
     check_every: int = 5
     tolerance: float = 1e-4
@@ -72,6 +75,8 @@ class AlphaCrownConfig:
             raise ValueError("iterations must be >= 0 and check_every >= 1")
         if not self.lr > 0 or self.tolerance < 0:
             raise ValueError("lr must be > 0 and tolerance >= 0")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError("lr_decay must be in (0, 1]")
 
 
 class AlphaState(NamedTuple):
@@ -172,8 +177,33 @@ def _chunk_lines(p, intervals, alphas, start: str) -> ChunkLinesFn:
     return lines_for
 
 
+def straight_through(value: Tensor, surrogate: Tensor) -> Tensor:
+    """`value`, differentiated as `surrogate` (Bengio et al., 2013, "straight-through").
+
+    Used where a bound is the intersection of the slopes' own bound with a fixed valid one
+    (CROWN's intervals, IBP, the output's interval): the value stays the tighter one (sound),
+    the gradient is the slopes' own, so a slope whose bound is currently looser still ascends.
+    The intersection's own gradient is zero there: after a large Adam step most intermediate
+    bounds fall behind CROWN's and their slopes froze (measured on ACAS Xu: looser bounds as the
+    learning rate rose; benchmarks/peer_bounds.py). Where `surrogate` is not finite (a chunk
+    skipped past the deadline), `value` with its own gradient."""
+    surrogate = torch.where(torch.isfinite(surrogate), surrogate, value)
+    return surrogate + (value - surrogate).detach()
+
+
+def _tightened(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
+    """`scatter_bounds(prior, index, lower, upper)` (the intersection), differentiated at `index`
+    as the new bounds `lower`/`upper` alone (`straight_through`)."""
+    tight = scatter_bounds(prior, index, lower, upper)
+    flat_l, flat_u = tight.lower.flatten(1), tight.upper.flatten(1)
+    new_l = flat_l.index_copy(1, index, straight_through(flat_l[:, index], lower))
+    new_u = flat_u.index_copy(1, index, straight_through(flat_u[:, index], upper))
+    return Interval(new_l.reshape(prior.lower.shape), new_u.reshape(prior.upper.shape))
+
+
 def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
-    """One bound computation with the given slopes: final `[B, 2S]` and the intervals."""
+    """One bound computation with the given slopes: final `[B, 2S]` and the intervals (each
+    never looser than CROWN's, differentiated as the slopes' own bounds: `straight_through`)."""
     intervals: dict[str, Interval] = {p.graph.input.name: p.box}
     for node in p.graph.nodes[1:]:
         iv = node.op.interval(*(intervals[i] for i in node.inputs)).intersect(p.base[node.name])
@@ -182,12 +212,13 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
             step = p.chunks[node.name]
             low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step, p.deadline)
-            iv = scatter_bounds(iv, index, low, up)
+            iv = _tightened(iv, index, low, up)
         intervals[node.name] = iv
     out = p.graph.output.name
     lines = _lines(p, intervals, lambda act: alphas[out, act])
     result = backward_bound(p.graph, out, output_functional(p.graph, p.C), p.box, lines)
-    return torch.maximum(result, interval_bound(p.C, intervals[out])), intervals
+    tight = torch.maximum(result, interval_bound(p.C, intervals[out]))
+    return straight_through(tight, result), intervals
 
 
 def _objective(p: _Problem, alphas: tuple[Tensor, ...]):
@@ -350,6 +381,7 @@ def alpha_crown(
         evaluated = state.alphas
         last = it == iterations or (it == 0 and passed(stop_at))
         state = (alpha_evaluate if last and not use else step)(problem, state, lr)
+        lr = lr * config.lr_decay
         if last or state.alphas is evaluated or pacer.done():  # out of iterations or time
             break
         if (it + 1) % config.check_every == 0:
