@@ -23,6 +23,17 @@ def test_straight_through_keeps_the_value_and_takes_the_surrogates_gradient():
     assert torch.equal(grad, torch.full((3,), 2.0))  # the intersection's would be [1, 0, 0]
 
 
+def test_straight_through_is_the_value_exactly_beside_a_far_surrogate():
+    """A valid bound stays bit for bit what it was: `s + (value - s)` would round `value - s`
+    (here 3.14159 - (-1e6) in float32) and could come out above it."""
+    gen = torch.Generator().manual_seed(0)
+    value = torch.rand(1000, generator=gen) * 10
+    surrogate = (-torch.rand(1000, generator=gen) * 1e7).requires_grad_(True)
+    out = straight_through(value, surrogate)
+    assert torch.equal(out.detach(), value)
+    assert not torch.equal(surrogate.detach() + (value - surrogate.detach()), value)
+
+
 def test_straight_through_falls_back_to_the_value_where_the_surrogate_is_infinite():
     a = torch.tensor([1.0, 2.0], requires_grad=True)
     value = straight_through(a * 3, torch.tensor([-torch.inf, 0.0]) + a)

@@ -186,9 +186,11 @@ def straight_through(value: Tensor, surrogate: Tensor) -> Tensor:
     The intersection's own gradient is zero there: after a large Adam step most intermediate
     bounds fall behind CROWN's and their slopes froze (measured on ACAS Xu: looser bounds as the
     learning rate rose; benchmarks/peer_bounds.py). Where `surrogate` is not finite (a chunk
-    skipped past the deadline), `value` with its own gradient."""
+    skipped past the deadline), `value` with its own gradient. The result is `value` exactly:
+    `value + (s - s)` with `s - s = 0` in floating point, where `s + (value - s)` would round
+    `value - s` and could come out above a valid lower bound."""
     surrogate = torch.where(torch.isfinite(surrogate), surrogate, value)
-    return surrogate + (value - surrogate).detach()
+    return value.detach() + (surrogate - surrogate.detach())
 
 
 def _tightened(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
