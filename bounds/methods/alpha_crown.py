@@ -45,6 +45,7 @@ from bounds.methods.crown import (
     relaxation_bounds,
     scatter_bounds,
     split_output,
+    straight_through,
     unstable_indices,
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
@@ -177,32 +178,6 @@ def _chunk_lines(p, intervals, alphas, start: str) -> ChunkLinesFn:
     return lines_for
 
 
-def straight_through(value: Tensor, surrogate: Tensor) -> Tensor:
-    """`value`, differentiated as `surrogate` (Bengio et al., 2013, "straight-through").
-
-    Used where a bound is the intersection of the slopes' own bound with a fixed valid one
-    (CROWN's intervals, IBP, the output's interval): the value stays the tighter one (sound),
-    the gradient is the slopes' own, so a slope whose bound is currently looser still ascends.
-    The intersection's own gradient is zero there: after a large Adam step most intermediate
-    bounds fall behind CROWN's and their slopes froze (measured on ACAS Xu: looser bounds as the
-    learning rate rose; benchmarks/peer_bounds.py). Where `surrogate` is not finite (a chunk
-    skipped past the deadline), `value` with its own gradient. The result is `value` exactly:
-    `value + (s - s)` with `s - s = 0` in floating point, where `s + (value - s)` would round
-    `value - s` and could come out above a valid lower bound."""
-    surrogate = torch.where(torch.isfinite(surrogate), surrogate, value)
-    return value.detach() + (surrogate - surrogate.detach())
-
-
-def _tightened(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
-    """`scatter_bounds(prior, index, lower, upper)` (the intersection), differentiated at `index`
-    as the new bounds `lower`/`upper` alone (`straight_through`)."""
-    tight = scatter_bounds(prior, index, lower, upper)
-    flat_l, flat_u = tight.lower.flatten(1), tight.upper.flatten(1)
-    new_l = flat_l.index_copy(1, index, straight_through(flat_l[:, index], lower))
-    new_u = flat_u.index_copy(1, index, straight_through(flat_u[:, index], upper))
-    return Interval(new_l.reshape(prior.lower.shape), new_u.reshape(prior.upper.shape))
-
-
 def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
     """One bound computation with the given slopes: final `[B, 2S]` and the intervals (each
     never looser than CROWN's, differentiated as the slopes' own bounds: `straight_through`)."""
@@ -214,7 +189,7 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
             step = p.chunks[node.name]
             low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step, p.deadline)
-            iv = _tightened(iv, index, low, up)
+            iv = scatter_bounds(iv, index, low, up, straight=True)
         intervals[node.name] = iv
     out = p.graph.output.name
     lines = _lines(p, intervals, lambda act: alphas[out, act])

@@ -196,11 +196,33 @@ def bound_neurons(
     return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
 
 
-def scatter_bounds(prior: Interval, index: Tensor, lower: Tensor, upper: Tensor) -> Interval:
-    """`prior` tightened at the flat `index` by `lower`/`upper` (intersection: both are valid)."""
+def straight_through(value: Tensor, surrogate: Tensor) -> Tensor:
+    """`value`, differentiated as `surrogate` (Bengio et al., 2013, "straight-through").
+
+    Used where a bound is the intersection of the slopes' own bound with a fixed valid one
+    (CROWN's intervals, IBP, the output's interval): the value stays the tighter one (sound),
+    the gradient is the slopes' own, so a slope whose bound is currently looser still ascends.
+    The intersection's own gradient is zero there: after a large Adam step most intermediate
+    bounds fall behind CROWN's and their slopes froze (measured on ACAS Xu: looser bounds as the
+    learning rate rose; benchmarks/peer_bounds.py). Where `surrogate` is not finite (a chunk
+    skipped past the deadline), `value` with its own gradient. The result is `value` exactly:
+    `value + (s - s)` with `s - s = 0` in floating point, where `s + (value - s)` would round
+    `value - s` and could come out above a valid lower bound."""
+    surrogate = torch.where(torch.isfinite(surrogate), surrogate, value)
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def scatter_bounds(
+    prior: Interval, index: Tensor, lower: Tensor, upper: Tensor, straight: bool = False
+) -> Interval:
+    """`prior` tightened at the flat `index` by `lower`/`upper` (intersection: both are valid);
+    `straight`: differentiated at `index` as `lower`/`upper` alone (`straight_through`)."""
     flat_l, flat_u = prior.lower.flatten(1), prior.upper.flatten(1)
-    new_l = flat_l.index_copy(1, index, torch.maximum(flat_l[:, index], lower))
-    new_u = flat_u.index_copy(1, index, torch.minimum(flat_u[:, index], upper))
+    low = torch.maximum(flat_l[:, index], lower)
+    up = torch.minimum(flat_u[:, index], upper)
+    if straight:
+        low, up = straight_through(low, lower), straight_through(up, upper)
+    new_l, new_u = flat_l.index_copy(1, index, low), flat_u.index_copy(1, index, up)
     return Interval(new_l.reshape(prior.lower.shape), new_u.reshape(prior.upper.shape))
 
 
