@@ -143,7 +143,6 @@ class ReluBab(RegionSearch):
         self.sizer = BatchSizer(config)
         self.max_open = self._max_open()
         self.deadline = float("inf")
-        self.crown_seconds = 0.0  # the root's CROWN intervals took this long (set by _root)
         self.worst: tuple[Tensor, Tensor] | None = None  # primal points, polytopes of the worst
 
     @staticmethod
@@ -202,7 +201,7 @@ class ReluBab(RegionSearch):
         validated counterexample among the root's primal points, if any."""
         tick = time.perf_counter()
         intervals = crown_intervals(self.check.graph, self.box64, deadline=self.deadline)
-        self.crown_seconds = time.perf_counter() - tick
+        crown_seconds = time.perf_counter() - tick
         self._set_base(flat_intervals(intervals, self.layout))
         tick = time.perf_counter()
         lower, alpha, points, best = self._root_bound()
@@ -210,7 +209,11 @@ class ReluBab(RegionSearch):
         per_pass = (time.perf_counter() - tick) / (m * (settings.root_iterations + 1))
         self.sizer.seed(per_pass * (settings.iterations + 1))  # a child: one row, fewer steps
         found = self._try_points(points)
-        if found is None and not self._excluded(lower).all() and self._tighten(intervals):
+        if (
+            found is None
+            and not self._excluded(lower).all()
+            and self._tighten(intervals, crown_seconds)
+        ):
             lower, alpha, points, best = self._root_bound(alpha)
             found = self._try_points(points)
         rows = self.rows_of  # [P, r]: one root domain per polytope
@@ -257,16 +260,17 @@ class ReluBab(RegionSearch):
         above = lower[0] - self.spec.b > self.tol
         return above[self.rows_of].any(dim=1)
 
-    def _tighten(self, intervals: dict[str, Interval]) -> bool:
+    def _tighten(self, intervals: dict[str, Interval], crown_seconds: float) -> bool:
         """Tighten the root's intermediate bounds (float64 `intervals`, when rechecking) by
         alpha-CROWN in the same dtype, within its share of the time left; False when off, or
         when that share is under one iteration's predicted time (a forward pass over every
-        layer's neurons, as long as the root's CROWN intervals took, and a backward pass of
-        about twice that): an iteration cut short tightens nothing, and its slopes and moments
-        alone take a second to allocate on a net of eight 1024-neuron layers."""
+        layer's neurons, as long as the root's CROWN intervals took (`crown_seconds`), and a
+        backward pass of about twice that): an iteration cut short tightens nothing, and its
+        slopes and moments alone take a second to allocate on a net of eight 1024-neuron
+        layers."""
         iterations, share = self.settings.intermediate_iterations, self.settings.intermediate_share
         left = self.deadline - time.monotonic()
-        if iterations == 0 or share == 0 or share * left < 3 * self.crown_seconds:
+        if iterations == 0 or share == 0 or share * left < 3 * crown_seconds:
             return False
         config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=True)
         C = self.check.spec.C.unsqueeze(0)
