@@ -332,19 +332,26 @@ class _Concat(nn.Module):
         return self.c(torch.relu(torch.cat([self.a(x), self.b(x)], 1)))
 
 
+def _concat_sampled(method: str) -> tuple[nn.Module, torch.Tensor, verify.Bounds]:
+    """`method`'s bounds (CROWN intermediate bounds) on the Concat net around 0 (radius 0.1),
+    checked to contain 500 sampled outputs; returns the net, the input and the bounds."""
+    net = _Concat().double()
+    x = torch.zeros(1, 2, dtype=D)
+    found = verify.bounds(net, 0.1, x=x, method=method, intermediate="crown")
+    points = box_samples(x - 0.1, x + 0.1, 500)
+    with torch.no_grad():
+        values = net(points[0]).unsqueeze(0)
+    assert_contains(found.lower, found.upper, values, tol=1e-6)
+    return net, x, found
+
+
 @pytest.mark.parametrize("method", ["prox", "supergradient"])
 def test_the_decomposition_bounds_a_concat(method):
     """The decomposition reads the same graph (a Concat feeding a ReLU): its bounds hold on
     samples and are no tighter than the LP's for the same intermediate bounds (a dual bound,
     float64)."""
-    net = _Concat().double()
-    x = torch.zeros(1, 2, dtype=D)
-    found = verify.bounds(net, 0.1, x=x, method=method, intermediate="crown")
+    net, x, found = _concat_sampled(method)
     exact = verify.bounds(net, 0.1, x=x, method="lp", intermediate="crown")
-    points = box_samples(x - 0.1, x + 0.1, 500)
-    with torch.no_grad():
-        values = net(points[0]).unsqueeze(0)
-    assert_contains(found.lower, found.upper, values, tol=1e-6)
     slack = 2 * SAFETY  # the LP's bounds are its optima loosened by SAFETY (relative)
     assert (found.lower <= exact.lower + slack * (1 + exact.lower.abs())).all()
     assert (found.upper >= exact.upper - slack * (1 + exact.upper.abs())).all()
@@ -352,13 +359,7 @@ def test_the_decomposition_bounds_a_concat(method):
 
 def test_the_lp_encodes_a_concat():
     """The LP reads every affine op of the graph (Concat included): its bounds hold."""
-    net = _Concat().double()
-    x = torch.zeros(1, 2, dtype=D)
-    found = verify.bounds(net, 0.1, x=x, method="lp")
-    points = box_samples(x - 0.1, x + 0.1, 500)
-    with torch.no_grad():
-        values = net(points[0]).unsqueeze(0)
-    assert_contains(found.lower, found.upper, values, tol=1e-6)
+    _concat_sampled("lp")
 
 
 class _OverAnActivation(nn.Module):
