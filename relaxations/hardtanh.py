@@ -28,13 +28,12 @@ import numbers
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, Piece, register
+from relaxations.base import Piece, register
 from relaxations.piecewise import (
+    SideLines,
     along,
     pivot_line,
     ratio,
-    stacked_constraints,
-    unit_clamp,
     vertex_argmin,
 )
 
@@ -52,7 +51,7 @@ def checked_limit(value, what: str) -> float:
 
 
 @register("hardtanh")
-class HardtanhRelaxation:
+class HardtanhRelaxation(SideLines):
     """`clamp(xh, min, max)` (torch's hardtanh, relu6, clamp and clip; ONNX Clip); see the module
     docstring. `min <= max`, `min < inf`, `max > -inf` (ValueError otherwise)."""
 
@@ -96,9 +95,6 @@ class HardtanhRelaxation:
         p, q = self._kinks(lower, upper)
         return torch.stack([upper - p > p - lower, q - lower > upper - q], -1).to(lower.dtype)
 
-    def project(self, params: Tensor) -> Tensor:
-        return unit_clamp(params)
-
     def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor:
         """Where the box crosses a kink (`l < a < u` or `l < b < u`, with `a < b`)."""
         crosses = ((lower < self.min) & (upper > self.min)) | (
@@ -124,14 +120,6 @@ class HardtanhRelaxation:
         up = pivot_line(q, f_q, up_s, lower, upper, loose, +1)
         return low, up
 
-    def linear_bounds(
-        self, lower: Tensor, upper: Tensor, params: Tensor | None = None
-    ) -> LinearBounds:
-        """See the module docstring; `params [..., 2]` (projected here) are `(t, t')`."""
-        t = self.project(self.default_params(lower, upper) if params is None else params)
-        (low_s, low_i), (up_s, up_i) = self._lines(lower, upper, t[..., 0], t[..., 1])
-        return LinearBounds(low_s, low_i, up_s, up_i)
-
     def argmin(
         self, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -139,14 +127,6 @@ class HardtanhRelaxation:
         p, q = self._kinks(lower, upper)
         xs = [lower, p, q, upper]
         return vertex_argmin(coeff_pre, coeff_post, xs, [self.forward(x) for x in xs])
-
-    def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints:
-        """The hull: both lower sides (`t = 0`: flat at `a`; `t = 1`: the chord from the kink)
-        and both upper sides."""
-        zeros, ones = torch.zeros_like(lower), torch.ones_like(lower)
-        low0, up0 = self._lines(lower, upper, zeros, zeros)
-        low1, up1 = self._lines(lower, upper, ones, ones)
-        return stacked_constraints([low0, low1], [up0, up1])
 
 
 def limits_pieces(low: float, high: float) -> tuple[Piece, ...]:

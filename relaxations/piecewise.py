@@ -25,7 +25,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearConstraints
+from relaxations.base import LinearBounds, LinearConstraints
 
 # Units in the last place added outwards to the intercept of a line that is not exact. The
 # rounding errors are at most ~5 units (the intercept's two operations, the slope's division of
@@ -111,6 +111,32 @@ def stacked_constraints(
         upper_slopes=stack(upper_lines, 0),
         upper_intercepts=stack(upper_lines, 1),
     )
+
+
+class SideLines:
+    """The protocol methods of a relaxation with one line per side chosen by `t, t'` in
+    [0, 1] (`params [..., 2]`) between two extreme support lines, from its
+    `_lines(lower, upper, t_lower, t_upper) -> ((low_slope, low_intercept), (up_slope,
+    up_intercept))` and `default_params`: `linear_bounds` at the (projected) parameters and, as
+    `constraints`, the hull's lines at `t = t' = 0` and `t = t' = 1`."""
+
+    def project(self, params: Tensor) -> Tensor:
+        return unit_clamp(params)
+
+    def linear_bounds(
+        self, lower: Tensor, upper: Tensor, params: Tensor | None = None
+    ) -> LinearBounds:
+        """`params [..., 2]` (projected here) are `(t, t')`; default: `default_params`."""
+        t = self.project(self.default_params(lower, upper) if params is None else params)
+        (low_s, low_i), (up_s, up_i) = self._lines(lower, upper, t[..., 0], t[..., 1])
+        return LinearBounds(low_s, low_i, up_s, up_i)
+
+    def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints:
+        """Both lower sides (`t = 0`, `t = 1`) and both upper sides (`t' = 0`, `t' = 1`)."""
+        zeros, ones = torch.zeros_like(lower), torch.ones_like(lower)
+        low0, up0 = self._lines(lower, upper, zeros, zeros)
+        low1, up1 = self._lines(lower, upper, ones, ones)
+        return stacked_constraints([low0, low1], [up0, up1])
 
 
 def check_level(value, what: str) -> float:

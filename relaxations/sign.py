@@ -24,18 +24,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, Piece, polygon_argmin, register
+from relaxations.base import Piece, polygon_argmin, register
 from relaxations.piecewise import (
+    SideLines,
     along,
     capped_ratio,
     check_level,
     pivot_line,
-    stacked_constraints,
-    unit_clamp,
 )
 
 
-class StepRelaxation:
+class StepRelaxation(SideLines):
     """The step `(low, zero, high)` at 0; see the module docstring. Subclasses fix the levels
     and register themselves."""
 
@@ -70,9 +69,6 @@ class StepRelaxation:
         """The sides of least area: `t = 1` where `u > -l`, `t' = 1` where `-l > u`."""
         return torch.stack([upper > -lower, -lower > upper], -1).to(lower.dtype)
 
-    def project(self, params: Tensor) -> Tensor:
-        return unit_clamp(params)
-
     def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor:
         """Where the box is not inside one constant piece: `l < 0 < u`, or `[l, 0]` with `zero
         != low`, or `[0, u]` with `zero != high` (`sign` on `[0, u]` takes 0 and 1)."""
@@ -100,14 +96,6 @@ class StepRelaxation:
         up = pivot_line(c, hi_c, along(t_upper, zero, left), lower, upper, loose, +1)
         return low, up
 
-    def linear_bounds(
-        self, lower: Tensor, upper: Tensor, params: Tensor | None = None
-    ) -> LinearBounds:
-        """See the module docstring; `params [..., 2]` (projected here) are `(t, t')`."""
-        t = self.project(self.default_params(lower, upper) if params is None else params)
-        (low_s, low_i), (up_s, up_i) = self._lines(lower, upper, t[..., 0], t[..., 1])
-        return LinearBounds(low_s, low_i, up_s, up_i)
-
     def argmin(
         self, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -116,13 +104,6 @@ class StepRelaxation:
         padded (so the oracle and the LP agree)."""
         cons = self.constraints(lower, upper)
         return polygon_argmin(cons, coeff_pre, coeff_post, lower, upper)
-
-    def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints:
-        """The hull: both lower sides (`t = 0`, flat; `t = 1`, across the jump), both upper."""
-        zeros, ones = torch.zeros_like(lower), torch.ones_like(lower)
-        low0, up0 = self._lines(lower, upper, zeros, zeros)
-        low1, up1 = self._lines(lower, upper, ones, ones)
-        return stacked_constraints([low0, low1], [up0, up1])
 
 
 @register("sign")
