@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from crf.api import DenseCRF
 from crf.errors import ConfigError, CRFInputError, OutputPathError
 from crf.io import (
     check_input_file,
@@ -31,7 +30,7 @@ from crf.io import (
 )
 from crf.model import KernelParams
 from crf.refine_dir import add_parser as add_refine_dir
-from crf.refine_dir import refine_dir
+from crf.refine_dir import crf_from_args, refine_dir
 from crf.validate import as_budget, as_iterations
 
 
@@ -97,16 +96,7 @@ def refine(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)  # more threads on a shared CPU can be far slower
     image = read_image(args.image)
     unary, colours = load_unary(args.unary, image.shape[:2], gt_prob=args.gt_prob)
-    crf = DenseCRF(
-        image,
-        unary,
-        w_smooth=args.w_smooth,
-        sigma_smooth=args.sigma_smooth,
-        w_appearance=args.w_appearance,
-        sigma_xy=args.sigma_xy,
-        sigma_rgb=args.sigma_rgb,
-        normalize=None if args.normalize == "none" else args.normalize,
-    )
+    crf = crf_from_args(args, image, unary)
     res = crf.map(args.method, iterations=args.iterations, budget=args.budget)
     save_images({out: colours[res.labels], ov: overlay(image, res.labels, colours)})
     print(f"{args.method}: energy {res.energy:.6g}, {res.stats['seconds']:.3f} s -> {out}, {ov}")

@@ -142,20 +142,27 @@ def _load(path: Path, probs: Path) -> _Item:
     return _Item(path.stem, image, unary)
 
 
-def _refine(batch: list[_Item], args, out: Path) -> float:
-    """Refine same-sized images in one call and write their outputs; returns seconds."""
-    start = time.perf_counter()
-    crf = DenseCRF(
-        np.stack([it.image for it in batch]),
-        np.stack([it.unary for it in batch]),
+def crf_from_args(args: argparse.Namespace, image, unary, **kwargs) -> DenseCRF:
+    """The `DenseCRF` of the kernel options (`w_smooth`, `sigma_*`, `w_appearance`,
+    `normalize`) shared by `refine` and `refine-dir`; `kwargs` go to `DenseCRF` too."""
+    return DenseCRF(
+        image,
+        unary,
         w_smooth=args.w_smooth,
         sigma_smooth=args.sigma_smooth,
         w_appearance=args.w_appearance,
         sigma_xy=args.sigma_xy,
         sigma_rgb=args.sigma_rgb,
         normalize=None if args.normalize == "none" else args.normalize,
-        device=args.device,
+        **kwargs,
     )
+
+
+def _refine(batch: list[_Item], args, out: Path) -> float:
+    """Refine same-sized images in one call and write their outputs; returns seconds."""
+    start = time.perf_counter()
+    images, unaries = np.stack([it.image for it in batch]), np.stack([it.unary for it in batch])
+    crf = crf_from_args(args, images, unaries, device=args.device)
     res = crf.map(args.method, iterations=args.iterations, energy=False)
     colours = default_palette(batch[0].unary.shape[-1])
     for it, labels in zip(batch, res.labels):
