@@ -11,7 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bounds.dual import proximal, supergradient
+from bounds.dual import active_set, proximal, supergradient
+from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
+from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_graph
 from bounds.dual.dag import decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.intermediate import intermediate_intervals
@@ -116,17 +118,16 @@ register_method("milp", LpConfig, "exact MILP from the relaxations' pieces (tiny
 )
 
 
-def _start(graph, box, C, net, c, config, given, deadline=None):
-    """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method.
+def _initial_slopes(graph, box, C, c, config, given, deadline=None):
+    """`(intervals, slopes, floor [B, 2S])` to start a dual method from.
 
-    init='crown': the chosen intermediate bounds and CROWN's duals (no floor). init='alpha-crown':
-    alpha-CROWN's final-layer slopes turned into duals (Bunel et al. 2020, Sec. 4.3) and its bounds
-    as the floor; with intermediate='alpha-crown' that one run also optimises the intervals, so
-    the result is at least as tight as the `alpha-crown` method's."""
+    init='crown': the chosen intermediate bounds, no slopes (CROWN's defaults) and no floor.
+    init='alpha-crown': alpha-CROWN's final-layer slopes (per activation node, by name) and its
+    bounds as the floor; with intermediate='alpha-crown' that one run also optimises the
+    intervals, so the result is at least as tight as the `alpha-crown` method's."""
     if config.init == "crown" or config.init_iterations == 0:
         intervals = _intervals(graph, box, C, config, given, deadline)
-        problem = problem_from_intervals(net, box, intervals, c)
-        return problem, intervals, initial_duals(problem), c.new_full(c.shape[:2], -torch.inf)
+        return intervals, None, c.new_full(c.shape[:2], -torch.inf)
     optimise = config.intermediate == "alpha-crown"
     if optimise:
         base = crown_intervals(graph, box, given, deadline)
@@ -138,9 +139,16 @@ def _start(graph, box, C, net, c, config, given, deadline=None):
     low, up, intervals, stats = alpha_crown(
         graph, box, C, alpha_config, intervals=base, deadline=deadline
     )
+    return intervals, stats["final_slopes"], torch.cat([low, -up], dim=1)
+
+
+def _start(graph, box, C, net, c, config, given, deadline=None):
+    """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method: the
+    CROWN or alpha-CROWN duals turned into decomposition multipliers (Bunel et al. 2020,
+    Sec. 4.3); see `_initial_slopes`."""
+    intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
     problem = problem_from_intervals(net, box, intervals, c)
-    slopes = stats["final_slopes"]  # per activation node, by name
-    return problem, intervals, initial_duals(problem, slopes), torch.cat([low, -up], dim=1)
+    return problem, intervals, initial_duals(problem, slopes), floor
 
 
 def _decomposition(solve_fn):
@@ -168,3 +176,28 @@ register_method(
 register_method("prox", ProximalConfig, "Lagrangian decomposition, proximal method")(
     _decomposition(proximal.solve)
 )
+
+
+def _anderson(graph, box, C, config, budget, given) -> MethodResult:
+    """The Big-M / active-set dual of the Anderson relaxation (`bounds.dual.active_set`) from
+    the Big-M duals of the starting bound; never below it (nor the output's interval bound)."""
+    deadline = deadline_of(budget)
+    c = output_functional(graph, C)
+    layers = dense_layers(graph)
+    intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
+    problem = problem_from_graph(graph, box, intervals, c, layers)
+    pre = tuple(Interval(lo, up) for lo, up in zip(problem.pre_lower, problem.pre_upper))
+    init = big_m_from_slopes(problem, anderson_slopes(graph, layers, pre, slopes, c.shape[1]))
+    result = active_set.solve(problem, config, init, budget, deadline)
+    best = torch.maximum(result.lower, floor)
+    best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
+    lower, upper = split_output(best)
+    return lower, upper, intervals, {**result.stats, "duals": result.duals}
+
+
+register_method(
+    "big-m", BigMConfig, "Big-M dual (Planet-equivalent), projected Adam on the Anderson dual"
+)(_anderson)
+register_method(
+    "active-set", ActiveSetConfig, "Anderson relaxation by the dual active-set method (ReLU chains)"
+)(_anderson)

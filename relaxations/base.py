@@ -21,7 +21,9 @@ It supplies
 - `pieces`: the function as linear pieces on fixed intervals, for the exact MILP (None when
   it is not piecewise linear);
 - traits: `convex`, `monotone`, `split_at_zero` (exact on each side of `xh = 0`: ReLU splitting
-  applies) and `fused` (the name of a fused kernel family computing its oracle, or None).
+  applies), `fused` (the name of a fused kernel family computing its oracle, or None) and,
+  optionally, `anderson` (True: after an affine layer, the Anderson et al. convex hull of
+  `bounds.dual.anderson` applies; absent means False).
 This package imports nothing of ours, so `bounds` can build on it.
 """
 

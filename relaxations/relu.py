@@ -42,6 +42,7 @@ class ReluRelaxation:
     monotone = True
     split_at_zero = True
     fused = "planet"  # kernels.prox_relu_block
+    anderson = True  # after an affine layer: the convex hull of Anderson et al. (bounds.dual.anderson)
     param_shape = ()  # the lower slope alpha
     pieces = (Piece(-torch.inf, 0.0, 0.0, 0.0), Piece(0.0, torch.inf, 1.0, 0.0))
 

@@ -1,0 +1,74 @@
+"""Exact reference for the Anderson relaxation on tiny networks: the LP with every constraint
+`A_I` (all subsets `I` of each ambiguous neuron's inputs with a nonzero weight; Anderson et al.
+2020, Thm. 1), and the Big-M LP, with cvxpy and HiGHS. For tests and benchmarks only: the
+number of constraints is `2^fan-in` per neuron, so fan-ins above `max_fan_in` are refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bounds.dual.anderson import AndersonProblem
+from bounds.lp import _cvxpy, _silenced_stdout
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def anderson_lp(p: AndersonProblem, all_cuts: bool = True, max_fan_in: int = 8) -> Tensor:
+    """`min c . y` per (batch, spec) `[B, S]` over the relaxation of `p`: with every Anderson
+    constraint (`all_cuts`, the convex hull of each neuron over its input box) or with the
+    Big-M pair alone (whose optimum is the Planet LP's)."""
+    cp, _ = _cvxpy()
+    W = [_np(w) for w in p.layers.weights]
+    b = [_np(v) for v in p.layers.biases]
+    B, S = p.c.shape[:2]
+    out = np.zeros((B, S))
+    for i in range(B):
+        x = [cp.Variable(w.shape[1]) for w in W]
+        z = [cp.Variable(w.shape[0]) for w in W[:-1]]
+        lb, ub = [_np(t[i]) for t in p.x_lower], [_np(t[i]) for t in p.x_upper]
+        rows = [x[0] >= lb[0], x[0] <= ub[0]]
+        for k in range(len(W) - 1):
+            lo, up = _np(p.pre_lower[k][i]), _np(p.pre_upper[k][i])
+            xh = W[k] @ x[k] + b[k]
+            out_k = x[k + 1]
+            rows += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
+            rows += [out_k <= cp.multiply(up, z[k]), out_k <= xh - cp.multiply(lo, 1 - z[k])]
+            if all_cuts:
+                rows += _all_cuts(cp, W[k], b[k], lb[k], ub[k], lo, up, x[k], out_k, z[k],
+                                  max_fan_in)  # fmt: skip
+        c = cp.Parameter(W[-1].shape[0])
+        problem = cp.Problem(cp.Minimize(c @ (W[-1] @ x[-1] + b[-1])), rows)
+        for s in range(S):
+            c.value = _np(p.c[i, s])
+            with _silenced_stdout():
+                problem.solve(solver="HIGHS")
+            if problem.status != cp.OPTIMAL:
+                raise RuntimeError(f"the Anderson LP ended {problem.status} at ({i}, {s})")
+            out[i, s] = problem.value
+    return torch.as_tensor(out, dtype=p.c.dtype)
+
+
+def _all_cuts(cp, W, b, lb, ub, lo, up, x_in, x_out, z, max_fan_in: int) -> list:
+    """Every `A_I` of every ambiguous neuron (see `bounds.dual.anderson`)."""
+    rows = []
+    for i in np.flatnonzero((lo < 0) & (up > 0)):
+        inputs = np.flatnonzero(W[i] != 0)
+        if inputs.size > max_fan_in:
+            raise ValueError(f"neuron {i} has fan-in {inputs.size} > {max_fan_in}")
+        L = np.where(W[i] > 0, lb, ub)
+        U = np.where(W[i] > 0, ub, lb)
+        for r in range(inputs.size + 1):
+            for chosen in itertools.combinations(inputs, r):
+                I = np.zeros(W.shape[1], dtype=bool)
+                I[list(chosen)] = True
+                kappa = -float(np.sum(W[i, I] * L[I]))
+                zeta = float(b[i] + np.sum(W[i, ~I] * U[~I]) + np.sum(W[i, I] * L[I]))
+                rows.append(x_out[i] <= (W[i] * I) @ x_in + kappa + zeta * z[i])
+    return rows

@@ -1,0 +1,288 @@
+"""Dual active-set solver of the Anderson relaxation (De Palma, Behl, Bunel, Torr, Kumar,
+"Scaling the Convex Barrier with Active Sets", ICLR 2021, Sec. 3.2; JMLR 2024, Sec. 4), with
+the Big-M dual as its first phase (`max_cuts = 0`: the Big-M solver alone, whose optimum is the
+Planet LP's).
+
+- Start: the Big-M duals that reproduce a CROWN / alpha-CROWN bound exactly
+  (`big_m_from_slopes`: `d` at them equals that bound with the same lines and intervals).
+- Projected Adam (betas 0.9, 0.999; `bounds.methods.alpha_crown.adam_ascent`) on every dual,
+  each layer's multipliers normalised by their starting scale (Adam's steps are absolute; the
+  duals of different layers and networks differ by orders of magnitude), the step decaying
+  linearly from `initial_step` to `final_step`.
+- After `big_m_iterations`, and then every `cut_frequency` iterations until `max_cuts` rounds,
+  the separation oracle runs at the average of the Lagrangian's minimisers since the last
+  round (the minimisers themselves have `z` in {0, 1}, where no Anderson constraint is more
+  violated than Big-M's; their average estimates a primal solution) and adds, per problem and
+  neuron (the `restrict` most violated when set), the most violated constraint whose violation
+  exceeds Big-M's by `tolerance`; its multiplier starts at 0.
+- Anytime: the best `d` per problem with its duals; the reported bound is `d` at them
+  re-evaluated in float64 (never a running value).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from bounds.compile import should_compile, step_function
+from bounds.dual.anderson import (
+    AndersonProblem,
+    Cuts,
+    CutTerms,
+    Duals,
+    add_cuts,
+    cut_terms,
+    evaluate,
+    no_cuts,
+    select_cuts,
+    slacks,
+)
+from bounds.dual.anytime import Best, Clock, DecompositionOptions
+from bounds.methods.alpha_crown import adam_ascent
+from bounds.types import Budget
+
+
+@dataclass(frozen=True)
+class ActiveSetConfig(DecompositionOptions):
+    """iterations: Adam steps in all (a budget overrides); big_m_iterations: before the first
+    cut round; cut_frequency: iterations between rounds; max_cuts: rounds (one constraint per
+    neuron each; 0: the Big-M solver); restrict: cuts per layer and problem (the most violated
+    neurons; None: every ambiguous neuron), for memory; initial_step / final_step: Adam's
+    relative step, linearly decayed; tolerance: the violation (relative to the neuron's
+    pre-activation range) a cut must exceed Big-M's by. Shared options: `DecompositionOptions`."""
+
+    iterations: int = 300
+    big_m_iterations: int = 60
+    cut_frequency: int = 40
+    max_cuts: int = 4
+    restrict: int | None = None
+    initial_step: float = 1e-1
+    final_step: float = 1e-3
+    tolerance: float = 1e-4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        counts = (self.iterations, self.big_m_iterations, self.max_cuts)
+        if min(counts) < 0 or self.cut_frequency < 1:
+            raise ValueError(
+                "iterations, big_m_iterations and max_cuts must be >= 0, cut_frequency >= 1"
+            )
+        if self.restrict is not None and self.restrict < 1:
+            raise ValueError(f"restrict must be None or >= 1, got {self.restrict}")
+        if not (self.initial_step > 0 and self.final_step > 0 and self.tolerance >= 0):
+            raise ValueError("steps must be > 0 and tolerance >= 0")
+
+
+@dataclass(frozen=True)
+class BigMConfig(ActiveSetConfig):
+    """The Big-M dual alone (no Anderson cut): the active set's first phase."""
+
+    max_cuts: int = 0
+
+
+def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
+    """Big-M duals whose `d` is the CROWN bound with lower slopes `slopes[k]` `[B, S, n_k]`
+    (in [0, 1]) and the triangle's upper line, by one backward pass. With `mu` the coefficient
+    of a neuron's output from above: `mu >= 0` takes `x >= a xh` (`alpha = a mu`; `mu` when
+    passing); `mu < 0` takes the upper line `x <= u (xh - l) / (u - l)`, i.e. `beta_l = -mu u /
+    (u - l)`, `beta_u = mu l / (u - l)` (`beta_l = -mu` when passing): then `f = 0` and `g = 0`,
+    and the layer passes `(alpha - beta_l) W` on, as CROWN passes its slopes."""
+    W = p.layers.weights
+    H = p.layers.hidden
+    above = p.c @ W[H]
+    alpha, beta_u, beta_l = [None] * H, [None] * H, [None] * H
+    for k in range(H - 1, -1, -1):
+        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        passing = lo >= 0
+        ambiguous = (lo < 0) & (up > 0)
+        width = torch.where(ambiguous, up - lo, torch.ones_like(up))
+        zero = torch.zeros_like(above)
+        pos = above >= 0
+        a = slopes[k].clamp(0, 1)
+        alpha[k] = torch.where(pos & passing, above, torch.where(pos & ambiguous, a * above, zero))
+        beta_l[k] = torch.where(
+            ~pos & passing, -above, torch.where(~pos & ambiguous, -above * up / width, zero)
+        )
+        beta_u[k] = torch.where(~pos & ambiguous, above * lo / width, zero)
+        above = (alpha[k] - beta_l[k]) @ W[k]
+    empty = tuple(above.new_zeros(*above.shape[:2], 0) for _ in range(H))
+    return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
+
+
+class State(NamedTuple):
+    """Normalised duals `theta` (duals = theta * scale, in `Duals.flat` order), their
+    supergradient, Adam's moments and step count, the best `d` per problem `[B, S]` with its
+    theta, and the sums of the minimisers (x per layer, z per hidden layer) since the last cut
+    round with their count."""
+
+    theta: tuple[Tensor, ...]
+    grad: tuple[Tensor, ...]
+    m: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    t: Tensor
+    best_value: Tensor
+    best_theta: tuple[Tensor, ...]
+    x_sum: tuple[Tensor, ...]
+    z_sum: tuple[Tensor, ...]
+    count: Tensor
+
+
+def _duals(theta: tuple[Tensor, ...], scales: tuple[Tensor, ...]) -> Duals:
+    return Duals.unflat(tuple(t * s for t, s in zip(theta, scales)))
+
+
+def _scales(init: Duals) -> tuple[Tensor, ...]:
+    """Per hidden layer and problem `[B, S, 1]`: the mean magnitude of the layer's starting
+    multipliers (floored by a millionth of the largest layer's), in `Duals.flat` order."""
+    H = len(init.alpha)
+    if H == 0:
+        return ()
+    per = [
+        (init.alpha[k] + init.beta_u[k] + init.beta_l[k]).abs().mean(-1, keepdim=True)
+        for k in range(H)
+    ]
+    top = torch.stack(per).amax(0)
+    per = [torch.maximum(s, 1e-6 * top + 1e-30) for s in per]
+    return (*per, *per, *per, *per)
+
+
+def _projections(cuts: tuple[Cuts, ...]) -> tuple:
+    H = len(cuts)
+
+    def nonnegative(t: Tensor) -> Tensor:
+        return t.clamp_min(0)
+
+    def masked(active: Tensor):
+        return lambda t: t.clamp_min(0) * active
+
+    return (nonnegative,) * (3 * H) + tuple(masked(c.active.to(torch.float32)) for c in cuts)
+
+
+def as_step(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...],
+    scales: tuple[Tensor, ...], projections: tuple, state: State, lr: Tensor,
+) -> State:  # fmt: skip
+    """One projected Adam step on the normalised duals, then `d` and its supergradient there,
+    the best-so-far update and the minimisers' sums (pure: `torch.compile` fuses it)."""
+    theta, m, v, t = adam_ascent(
+        state.theta, state.grad, state.m, state.v, state.t, lr, projections
+    )
+    value, x = evaluate(p, terms, cuts, _duals(theta, scales))
+    grad = tuple(g * s for g, s in zip(slacks(p, terms, cuts, x).flat(), scales))
+    improved = value > state.best_value
+    best = tuple(torch.where(improved.unsqueeze(-1), a, b) for a, b in zip(theta, state.best_theta))
+    return State(
+        theta, grad, m, v, t, torch.where(improved, value, state.best_value), best,
+        tuple(s + xi for s, xi in zip(state.x_sum, x.x)),
+        tuple(s + zi for s, zi in zip(state.z_sum, x.z)),
+        state.count + 1,
+    )  # fmt: skip
+
+
+def _start_state(
+    p: AndersonProblem, terms, cuts, scales, theta: tuple[Tensor, ...],
+    m: tuple[Tensor, ...], v: tuple[Tensor, ...], t: Tensor, best_value: Tensor,
+    best_theta: tuple[Tensor, ...],
+) -> State:  # fmt: skip
+    """The state at `theta` with fresh minimiser sums (the minimiser at `theta` counted)."""
+    value, x = evaluate(p, terms, cuts, _duals(theta, scales))
+    grad = tuple(g * s for g, s in zip(slacks(p, terms, cuts, x).flat(), scales))
+    improved = value > best_value
+    best = tuple(torch.where(improved.unsqueeze(-1), a, b) for a, b in zip(theta, best_theta))
+    return State(
+        theta, grad, m, v, t, torch.where(improved, value, best_value), best, x.x, x.z,
+        t.new_ones(()),
+    )  # fmt: skip
+
+
+def _add_round(p: AndersonProblem, cuts, state: State, config: ActiveSetConfig):
+    """One cut round: the oracle at the minimisers' average, the new constraints appended
+    (multipliers, moments and best at 0), the state re-evaluated."""
+    H = p.layers.hidden
+    xbar = tuple(s / state.count for s in state.x_sum)
+    zbar = tuple(s / state.count for s in state.z_sum)
+    new_cuts, added = [], []
+    for k in range(H):
+        rows, mask, active = select_cuts(
+            p, k, xbar[k], xbar[k + 1], zbar[k], config.restrict, config.tolerance
+        )
+        new_cuts.append(add_cuts(cuts[k], rows, mask, active))
+        added.append(rows.shape[-1])
+    cuts = tuple(new_cuts)
+    terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
+
+    def grow(ts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        head, tail = ts[: 3 * H], ts[3 * H :]
+        return head + tuple(
+            torch.cat([t, t.new_zeros(*t.shape[:2], r)], 2) for t, r in zip(tail, added)
+        )
+
+    return cuts, terms, grow
+
+
+def _step_size(config: ActiveSetConfig, it: int, total: int) -> float:
+    frac = it / max(1, total - 1)
+    return config.initial_step + frac * (config.final_step - config.initial_step)
+
+
+@dataclass(frozen=True)
+class ActiveSetResult:
+    """lower `[B, S]` (float64-checked), the best duals and the cuts they go with, stats."""
+
+    lower: Tensor
+    duals: Duals
+    cuts: tuple[Cuts, ...]
+    stats: dict
+
+
+def solve(
+    p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,
+    deadline: float | None = None,
+) -> ActiveSetResult:  # fmt: skip
+    """Maximise `d` from `init` (module docstring); never below `d(init)`. The budget's
+    seconds and `deadline` (`time.monotonic()`), whichever is first, are paced every
+    iteration (host clock), keeping time for the float64 re-evaluation."""
+    H = p.layers.hidden
+    clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
+    tick = time.monotonic()
+    cuts = tuple(no_cuts(p, k) for k in range(H))
+    terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
+    scales = _scales(init)
+    theta = tuple(d / s for d, s in zip(init.flat(), scales))
+    zeros = tuple(torch.zeros_like(t) for t in theta)
+    best_value = p.c.new_full(p.c.shape[:2], -torch.inf)
+    t0 = p.c.new_zeros(())
+    state = _start_state(p, terms, cuts, scales, theta, zeros, zeros, t0, best_value, theta)
+    clock.pace(reserve=3 * (time.monotonic() - tick))
+    use = should_compile(config.compile, p.c.device, cpu_default=False)
+    step = step_function(as_step, use)
+    projections = _projections(cuts)
+    rounds, it, done = 0, 0, 0
+    for it in range(clock.iterations):
+        since = it - config.big_m_iterations
+        if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
+            cuts, terms, grow = _add_round(p, cuts, state, config)
+            projections = _projections(cuts)
+            state = _start_state(
+                p, terms, cuts, scales, grow(state.theta), grow(state.m), grow(state.v),
+                state.t, state.best_value, grow(state.best_theta),
+            )  # fmt: skip
+            rounds += 1
+        lr = torch.full((), _step_size(config, it, clock.iterations), dtype=p.c.dtype,
+                        device=p.c.device)  # fmt: skip
+        state = step(p, terms, cuts, scales, projections, state, lr)
+        done = it + 1
+        if clock.checkpoint(it, Best(state.best_value, None)):
+            break
+    best = _duals(state.best_theta, scales)
+    p64 = p.to(torch.float64)
+    terms64 = tuple(cut_terms(p64, k, cuts[k]) for k in range(H))
+    value, _ = evaluate(p64, terms64, cuts, best.to(torch.float64))
+    stats = clock.stats(done)
+    stats["cuts"] = [int(c.active.sum()) for c in cuts]
+    stats["cut_rounds"] = rounds
+    return ActiveSetResult(value.to(p.c.dtype), best, cuts, stats)

@@ -1,0 +1,390 @@
+"""The Anderson et al. relaxation of an affine layer followed by a ReLU, its dual, and the
+separation oracle (Anderson, Huchette, Ma, Tjandraatmadja, Vielma, "Strong mixed-integer
+programming formulations for trained neural networks", Math. Prog. 2020, Thm. 1; De Palma,
+Behl, Bunel, Torr, Kumar, "Scaling the Convex Barrier with Active Sets", ICLR 2021, Sec. 3,
+and JMLR 2024, arXiv 2101.05844, Sec. 3).
+
+Notation (`../shared/ALGORITHMS.md`, Sec. 1b): hidden layer k (0-based here) computes
+`xh_k = W_k x_{k-1} + b_k` from the flat input `x_{-1}` or the previous ReLU output, and
+`x_k = relu(xh_k)`; the output is `W_H x_{H-1} + b_H`. Post-activation boxes `lb_k, ub_k` (the
+input box for the input). Per weight, `L_ij` is the end of input j's box that minimises
+`W_ij x_j` and `U_ij` the one that maximises it. Every neuron of hidden layer k gets
+`z in [0, 1]`, with `x >= xh`, `x` in `[lb, ub]` and, for every subset `I` of its inputs,
+
+    x <= sum_{j in I} W_ij x_{k-1,j} + kappa_I + zeta_I z,                          (A_I)
+    kappa_I = -sum_{j in I} W_ij L_ij,  zeta_I = b_i + sum_{j not in I} W_ij U_ij + sum_{j in I} W_ij L_ij.
+
+The convex hull of the neuron over its input box is cut out by all of them. Two of them, with
+the pre-activation bounds `l, u` put in, are the Big-M form, whose optimum is Planet's:
+`x <= u z` (`I = {}`, kappa 0, zeta u) and `x <= xh - l (1 - z)` (`I = all`, kappa `b - l`,
+zeta `l`). Every (x, z) of the network (`z = 1[xh >= 0]`) satisfies all of them.
+
+Dual (multipliers `alpha >= 0` on `x >= xh`, `beta >= 0` per constraint): the Lagrangian is
+linear in `x` and `z` over boxes, so every `(alpha, beta) >= 0` gives the valid lower bound
+
+    d = c . b_H + sum_k alpha_k . b_k - sum_{k, I} beta_{k,I} . kappa_{k,I}
+        + sum_k min_{x_k in [lb_k, ub_k]} f_k . x_k - sum_k 1 . [g_k]_+,
+    f_k = above_k - alpha_k + sum_I beta_{k,I},   g_k = sum_I beta_{k,I} zeta_{k,I},
+    above_k = W_{k+1}^T alpha_{k+1} - sum_I (W_{k+1} . I)^T beta_{k+1,I}   (c for alpha_H),
+
+with `f` on the input from layer 0's terms alone. The inner minimiser is `x* = lb` where
+`f >= 0` else `ub`, `z* = 1[g >= 0]`; the supergradients are the constraints' slacks there.
+Anderson cuts are stored per neuron as a mask over its inputs (`Cuts`), the Big-M pair as
+plain tensors. The batch is `[B, S]`: problems (boxes) times specifications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from bounds.dual.dag import decompose
+from bounds.errors import UnsupportedOperationError
+from bounds.graph import Graph
+from bounds.types import Interval
+
+
+@dataclass(frozen=True)
+class Layers:
+    """A ReLU chain as dense affine layers: `weights[k]` `[n_k, n_{k-1}]` and `biases[k]`
+    `[n_k]`, the last one the output layer; `pre_names[k]`: hidden layer k's pre-activation
+    node and `act_names[k]` its ReLU node."""
+
+    weights: tuple[Tensor, ...]
+    biases: tuple[Tensor, ...]
+    pre_names: tuple[str, ...]
+    act_names: tuple[str, ...]
+
+    @property
+    def hidden(self) -> int:
+        return len(self.weights) - 1
+
+    def to(self, dtype: torch.dtype) -> Layers:
+        return Layers(
+            tuple(w.to(dtype) for w in self.weights),
+            tuple(b.to(dtype) for b in self.biases),
+            self.pre_names,
+            self.act_names,
+        )
+
+
+def _dense(ops, in_shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+    """`(W, b)` of a chain of unary affine ops: `b` the image of 0, `W`'s columns the linear
+    parts' images of the unit vectors."""
+    n_in = 1
+    for d in in_shape:
+        n_in *= d
+    zero = like.new_zeros(1, *in_shape)
+    basis = torch.eye(n_in, dtype=like.dtype, device=like.device).reshape(n_in, *in_shape)
+    for op in ops:
+        zero = op.forward(zero)
+        basis = op.linear(basis)
+    return basis.reshape(n_in, -1).T.contiguous(), zero.reshape(-1)
+
+
+def dense_layers(graph: Graph) -> Layers:
+    """The graph as `Layers`, in the dtype and on the device of its constants. UnsupportedOperationError unless it is a chain of affine ops and
+    nonlinearities whose relaxations have the Anderson hull (`relaxation.anderson`: ReLU)."""
+    net = decompose(graph)
+    for act in net.acts:
+        if not getattr(act.op.relaxation, "anderson", False):
+            raise UnsupportedOperationError(
+                act.op.relaxation.name, act.name,
+                "the Anderson relaxation covers ReLU after an affine layer; use prox or "
+                "alpha-crown for other activations",
+            )  # fmt: skip
+    for source in net.sources:
+        if source.chain is None or not source.simple:
+            raise UnsupportedOperationError(
+                "graph", source.name,
+                "the active-set and Big-M solvers need a chain (affine, ReLU, affine, ...); "
+                "use prox on residual or multi-branch graphs",
+            )  # fmt: skip
+    like = next(t for n in graph.nodes[1:] for t in n.op.constants())
+    weights, biases = [], []
+    for source in net.sources:
+        W, b = _dense(source.chain, source.shape, like)
+        weights.append(W)
+        biases.append(b)
+    pre = tuple(e.pre for e in net.edges)
+    return Layers(tuple(weights), tuple(biases), pre, tuple(a.name for a in net.acts))
+
+
+@dataclass(frozen=True)
+class AndersonProblem:
+    """`min c . y` per (batch, spec) over the relaxation. `x_lower[k]`, `x_upper[k]` `[B, n]`:
+    the boxes of the input (k = 0) and of the hidden layers' outputs (k = 1..H);
+    `pre_lower[k]`, `pre_upper[k]` `[B, n_k]`: hidden layer k's pre-activation bounds;
+    `c` `[B, S, n_out]`; `WL[k]`, `WU[k]` `[B, n_k, n_{k-1}]`: `W_ij L_ij` and `W_ij U_ij`."""
+
+    layers: Layers
+    x_lower: tuple[Tensor, ...]
+    x_upper: tuple[Tensor, ...]
+    pre_lower: tuple[Tensor, ...]
+    pre_upper: tuple[Tensor, ...]
+    c: Tensor
+    WL: tuple[Tensor, ...]
+    WU: tuple[Tensor, ...]
+
+    def to(self, dtype: torch.dtype) -> AndersonProblem:
+        return build_problem(
+            self.layers.to(dtype),
+            Interval(self.x_lower[0].to(dtype), self.x_upper[0].to(dtype)),
+            tuple(Interval(lo.to(dtype), up.to(dtype))
+                  for lo, up in zip(self.pre_lower, self.pre_upper)),
+            self.c.to(dtype),
+        )  # fmt: skip
+
+
+def build_problem(
+    layers: Layers, box: Interval, pre: tuple[Interval, ...], c: Tensor
+) -> AndersonProblem:
+    """The problem for the flat input `box` `[B, n_0]`, hidden pre-activation bounds `pre`
+    (`[B, n_k]` each) and objectives `c` `[B, S, n_out]`."""
+    x_lower = [box.lower] + [torch.relu(iv.lower) for iv in pre]
+    x_upper = [box.upper] + [torch.relu(iv.upper) for iv in pre]
+    WL, WU = [], []
+    for k in range(layers.hidden):
+        W = layers.weights[k]
+        lo, up = x_lower[k].unsqueeze(1), x_upper[k].unsqueeze(1)
+        positive = W > 0
+        WL.append(W * torch.where(positive, lo, up))
+        WU.append(W * torch.where(positive, up, lo))
+    return AndersonProblem(
+        layers, tuple(x_lower), tuple(x_upper), tuple(iv.lower for iv in pre),
+        tuple(iv.upper for iv in pre), c, tuple(WL), tuple(WU),
+    )  # fmt: skip
+
+
+class Cuts(NamedTuple):
+    """Anderson constraints of one hidden layer, R per problem: `rows` `[B, S, R]` (the neuron),
+    `mask` `[B, S, R, n_in]` (the set I), `active` `[B, S, R]` (False: a padding slot whose
+    multiplier stays 0)."""
+
+    rows: Tensor
+    mask: Tensor
+    active: Tensor
+
+
+class CutTerms(NamedTuple):
+    """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
+    `zeta` `[B, S, R]`."""
+
+    WI: Tensor
+    kappa: Tensor
+    zeta: Tensor
+
+
+def no_cuts(p: AndersonProblem, k: int) -> Cuts:
+    B, S = p.c.shape[:2]
+    n_in = p.layers.weights[k].shape[1]
+    device = p.c.device
+    return Cuts(
+        torch.zeros(B, S, 0, dtype=torch.long, device=device),
+        torch.zeros(B, S, 0, n_in, dtype=torch.bool, device=device),
+        torch.zeros(B, S, 0, dtype=torch.bool, device=device),
+    )
+
+
+def cut_terms(p: AndersonProblem, k: int, cuts: Cuts) -> CutTerms:
+    """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
+    the problem's dtype (computed from the masks, so a float64 problem gets float64 terms)."""
+    W, b = p.layers.weights[k], p.layers.biases[k]
+    B, S, R = cuts.rows.shape
+    n_in = W.shape[1]
+    rows = cuts.rows.reshape(B, S * R)
+    index = rows.unsqueeze(-1).expand(B, S * R, n_in)
+    WL = torch.gather(p.WL[k], 1, index).reshape(B, S, R, n_in)
+    WU = torch.gather(p.WU[k], 1, index).reshape(B, S, R, n_in)
+    mask = cuts.mask.to(W.dtype)
+    WI = W[cuts.rows] * mask
+    in_L = (mask * WL).sum(-1)
+    zeta = b[cuts.rows] + (WU * (1 - mask)).sum(-1) + in_L
+    return CutTerms(WI, -in_L, zeta)
+
+
+class Duals(NamedTuple):
+    """Per hidden layer `[B, S, n_k]`: `alpha` (`x >= xh`), `beta_u` (`x <= u z`), `beta_l`
+    (`x <= xh - l (1 - z)`); `beta_cut` `[B, S, R_k]` (the layer's cuts)."""
+
+    alpha: tuple[Tensor, ...]
+    beta_u: tuple[Tensor, ...]
+    beta_l: tuple[Tensor, ...]
+    beta_cut: tuple[Tensor, ...]
+
+    def flat(self) -> tuple[Tensor, ...]:
+        return (*self.alpha, *self.beta_u, *self.beta_l, *self.beta_cut)
+
+    @staticmethod
+    def unflat(t: tuple[Tensor, ...]) -> Duals:
+        h = len(t) // 4
+        return Duals(t[:h], t[h : 2 * h], t[2 * h : 3 * h], t[3 * h :])
+
+    def to(self, dtype: torch.dtype) -> Duals:
+        return Duals.unflat(tuple(t.to(dtype) for t in self.flat()))
+
+
+class Primal(NamedTuple):
+    """The Lagrangian's minimiser: `x[k]` `[B, S, n]` for the input (k = 0) and the hidden
+    outputs, `z[k]` `[B, S, n_k]` per hidden layer (0 or 1)."""
+
+    x: tuple[Tensor, ...]
+    z: tuple[Tensor, ...]
+
+
+def _scatter(rows: Tensor, values: Tensor, n: int) -> Tensor:
+    """`[B, S, n]` with `values` `[B, S, R]` summed into their `rows`."""
+    out = values.new_zeros(*values.shape[:2], n)
+    return out.scatter_add(2, rows, values)
+
+
+def _box_min(f: Tensor, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
+    """`(min over the box of f . x, its minimiser)`; `lower`, `upper` `[B, n]`."""
+    lo, up = lower.unsqueeze(1), upper.unsqueeze(1)
+    x = torch.where(f >= 0, lo, up)
+    return (f * x).sum(-1), x
+
+
+def evaluate(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
+) -> tuple[Tensor, Primal]:
+    """The dual value `d` `[B, S]` (module docstring) and the Lagrangian's minimiser."""
+    W, b = p.layers.weights, p.layers.biases
+    H = p.layers.hidden
+    value = (p.c * b[H]).sum(-1)
+    above = p.c @ W[H]  # coefficient of x_{H-1} from the output layer
+    xs, zs = [None] * (H + 1), [None] * H
+    for k in range(H - 1, -1, -1):
+        n = W[k].shape[0]
+        cut_sum = _scatter(cuts[k].rows, d.beta_cut[k], n)
+        f = above - d.alpha[k] + d.beta_u[k] + d.beta_l[k] + cut_sum
+        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
+        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        g = d.beta_u[k] * up + d.beta_l[k] * lo
+        g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+        zs[k] = (g >= 0).to(g.dtype)
+        value = value + box_value - torch.relu(g).sum(-1)
+        value = value + (d.alpha[k] * b[k]).sum(-1)
+        value = (
+            value - (d.beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
+        )
+        above = (d.alpha[k] - d.beta_l[k]) @ W[k]
+        above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
+    box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
+    return value + box_value, Primal(tuple(xs), tuple(zs))
+
+
+def slacks(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], x: Primal
+) -> Duals:
+    """The supergradient of `d` at the point whose minimiser is `x`: each constraint's
+    violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout."""
+    W, b = p.layers.weights, p.layers.biases
+    alpha, beta_u, beta_l, beta_cut = [], [], [], []
+    for k in range(p.layers.hidden):
+        xh = x.x[k] @ W[k].T + b[k]
+        out, z = x.x[k + 1], x.z[k]
+        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        alpha.append(xh - out)
+        beta_u.append(out - up * z)
+        beta_l.append(out - xh + lo * (1 - z))
+        t = terms[k]
+        rows = cuts[k].rows
+        rhs = torch.einsum("bsri,bsi->bsr", t.WI, x.x[k]) + t.kappa
+        rhs = rhs + t.zeta * torch.gather(z, 2, rows)
+        beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
+    return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), tuple(beta_cut))
+
+
+def most_violated(
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, chunk: int = 1 << 22
+) -> tuple[Tensor, Tensor]:
+    """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1):
+    for every neuron of hidden layer k at the point `(x_in [B, S, n_in], x_out, z [B, S, n_k])`,
+    the subset `I` with the least right-hand side, `j in I` iff
+    `W_ij (L_ij (1 - z) + U_ij z - x_j) >= 0`, and its violation `x - b z - sum_j min(W_ij
+    (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, n_k], mask [B, S, n_k,
+    n_in])`, computed in chunks of neurons of about `chunk` elements."""
+    W, b = p.layers.weights[k], p.layers.biases[k]
+    B, S, n = x_out.shape
+    n_in = W.shape[1]
+    step = max(1, chunk // max(1, B * S * n_in))
+    violations, masks = [], []
+    for start in range(0, n, step):
+        sl = slice(start, start + step)
+        zz = z[:, :, sl].unsqueeze(-1)
+        inside = W[sl] * x_in.unsqueeze(2) - p.WL[k][:, sl].unsqueeze(1) * (1 - zz)
+        outside = p.WU[k][:, sl].unsqueeze(1) * zz
+        mask = inside <= outside
+        rhs = b[sl] * z[:, :, sl] + torch.minimum(inside, outside).sum(-1)
+        violations.append(x_out[:, :, sl] - rhs)
+        masks.append(mask)
+    return torch.cat(violations, 2), torch.cat(masks, 2)
+
+
+def add_cuts(cuts: Cuts, rows: Tensor, mask: Tensor, active: Tensor) -> Cuts:
+    """`cuts` with `R'` more per problem (`rows` `[B, S, R']`, `mask`, `active`)."""
+    return Cuts(
+        torch.cat([cuts.rows, rows], 2),
+        torch.cat([cuts.mask, mask], 2),
+        torch.cat([cuts.active, active], 2),
+    )
+
+
+def select_cuts(
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, restrict: int | None,
+    tolerance: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """One new cut per ambiguous neuron of layer k at the point, the `restrict` most violated
+    per problem when set: `(rows, mask, active)`, active where the cut's violation exceeds both
+    Big-M constraints' by more than `tolerance` (relative to the neuron's pre-activation
+    range)."""
+    violation, mask = most_violated(p, k, x_in, x_out, z)
+    lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+    xh = x_in @ p.layers.weights[k].T + p.layers.biases[k]
+    big_m = torch.maximum(x_out - up * z, x_out - xh + lo * (1 - z)).clamp_min(0)
+    ambiguous = (lo < 0) & (up > 0)
+    gain = (violation - big_m) / (up - lo).clamp_min(1e-12)
+    score = torch.where(ambiguous, gain, -torch.inf)
+    n = score.shape[-1]
+    r = n if restrict is None else min(restrict, n)
+    top, rows = score.topk(r, dim=-1)
+    B, S = rows.shape[:2]
+    picked = torch.gather(mask, 2, rows.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
+    return rows, picked, top > tolerance
+
+
+def anderson_slopes(
+    graph: Graph, layers: Layers, pre: tuple[Interval, ...], slopes: dict[str, Tensor] | None,
+    specs: int,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """Per hidden layer `[B, specs, n_k]`: the lower slopes of a CROWN pass, alpha-CROWN's
+    (`slopes`, by activation node, `[B, specs, *shape]`) when given, else each relaxation's
+    defaults for the bounds `pre`."""
+    out = []
+    for name, iv in zip(layers.act_names, pre):
+        if slopes is not None and name in slopes:
+            out.append(slopes[name].reshape(iv.lower.shape[0], specs, -1))
+        else:
+            default = graph[name].op.relaxation.default_params(iv.lower, iv.upper)
+            out.append(default.unsqueeze(1).expand(-1, specs, -1))
+    return tuple(out)
+
+
+def problem_from_graph(
+    graph: Graph, box: Interval, intervals: dict[str, Interval], c: Tensor,
+    layers: Layers | None = None,
+) -> AndersonProblem:  # fmt: skip
+    """The problem of `graph` (`dense_layers`, or the given `layers` of it) over `box`
+    `[B, *in_shape]` with the nodes' `intervals` and the objectives `c` `[B, S, *out_shape]`."""
+    layers = dense_layers(graph) if layers is None else layers
+    batch = box.lower.shape[0]
+    flat = Interval(box.lower.reshape(batch, -1), box.upper.reshape(batch, -1))
+    pre = tuple(
+        Interval(intervals[n].lower.reshape(batch, -1), intervals[n].upper.reshape(batch, -1))
+        for n in layers.pre_names
+    )
+    return build_problem(layers, flat, pre, c.reshape(batch, c.shape[1], -1))
