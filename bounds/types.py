@@ -74,3 +74,15 @@ class Budget:
                 raise InvalidLimitError(f"budget seconds must be a number, got {seconds!r}")
             if not seconds > 0:  # also NaN
                 raise InvalidLimitError(f"budget seconds must be > 0, got {seconds!r}")
+
+
+def rounded_down(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """`t` in `dtype`, every value rounded towards -inf (never above `t`)."""
+    low = t.to(dtype)
+    return torch.where(low.to(t.dtype) > t, torch.nextafter(low, low.new_tensor(-torch.inf)), low)
+
+
+def rounded_up(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """`t` in `dtype`, every value rounded towards +inf (never below `t`)."""
+    up = t.to(dtype)
+    return torch.where(up.to(t.dtype) < t, torch.nextafter(up, up.new_tensor(torch.inf)), up)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from bounds.graph import Graph
-from bounds.types import Interval
+from bounds.types import Interval, rounded_down, rounded_up
 from verify.attack import UnsafeSpec, validate, violation
 from verify.property import Region
 
@@ -186,18 +186,6 @@ class BatchSizer:
 
 def is_out_of_memory(error: RuntimeError) -> bool:
     return "out of memory" in str(error).lower()
-
-
-def rounded_down(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """`t` in `dtype`, every value rounded towards -inf (never above `t`)."""
-    low = t.to(dtype)
-    return torch.where(low.to(t.dtype) > t, torch.nextafter(low, low.new_tensor(-torch.inf)), low)
-
-
-def rounded_up(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """`t` in `dtype`, every value rounded towards +inf (never below `t`)."""
-    up = t.to(dtype)
-    return torch.where(up.to(t.dtype) < t, torch.nextafter(up, up.new_tensor(torch.inf)), up)
 
 
 def outward(interval: Interval, dtype: torch.dtype) -> Interval:

@@ -17,8 +17,7 @@ from bounds.errors import (
 from bounds.graph import Graph, Node
 from bounds.methods.crown import crown
 from bounds.ops import ActivationOp, ConvOp, LinearOp, ReshapeOp, SumOp
-from bounds.types import Interval
-from verify.bab_common import rounded_down, rounded_up
+from bounds.types import Interval, rounded_down, rounded_up
 
 FLOAT64_UNIT = 2.0**-53
 

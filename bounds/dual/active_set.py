@@ -43,7 +43,7 @@ from bounds.dual.anderson import (
 )
 from bounds.dual.anytime import Best, Clock, DecompositionOptions
 from bounds.methods.alpha_crown import adam_ascent
-from bounds.types import Budget
+from bounds.types import Budget, rounded_down
 
 
 @dataclass(frozen=True)
@@ -229,9 +229,17 @@ def _step_size(config: ActiveSetConfig, it: int, total: int) -> float:
     return config.initial_step + frac * (config.final_step - config.initial_step)
 
 
+def _rounds(cuts: tuple[Cuts, ...], p: AndersonProblem, restrict: int | None) -> int:
+    """Cut rounds in `cuts`: each added one slot per neuron (at most `restrict`) per layer."""
+    if not cuts:
+        return 0
+    n = p.layers.weights[0].shape[0]
+    return cuts[0].rows.shape[-1] // (n if restrict is None else min(restrict, n))
+
+
 @dataclass(frozen=True)
 class ActiveSetResult:
-    """lower `[B, S]` (float64-checked), the best duals and the cuts they go with, stats."""
+    """lower `[B, S]` (float64-checked, rounded down to the problem's dtype), the best duals and the cuts they go with, stats."""
 
     lower: Tensor
     duals: Duals
@@ -241,15 +249,18 @@ class ActiveSetResult:
 
 def solve(
     p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,
-    deadline: float | None = None,
+    deadline: float | None = None, cuts: tuple[Cuts, ...] | None = None,
 ) -> ActiveSetResult:  # fmt: skip
-    """Maximise `d` from `init` (module docstring); never below `d(init)`. The budget's
+    """Maximise `d` from `init` (module docstring); never below `d(init)`. `cuts`: the
+    constraints `init.beta_cut` belongs to (a warm start from an earlier result's `duals` and
+    `cuts`; they count towards `max_cuts` by their rounds, `stats['cut_rounds']`). The budget's
     seconds and `deadline` (`time.monotonic()`), whichever is first, are paced every
     iteration (host clock), keeping time for the float64 re-evaluation."""
     H = p.layers.hidden
     clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
     tick = time.monotonic()
-    cuts = tuple(no_cuts(p, k) for k in range(H))
+    given = cuts is not None
+    cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
     terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
     scales = _scales(init)
     theta = tuple(d / s for d, s in zip(init.flat(), scales))
@@ -261,9 +272,10 @@ def solve(
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
     projections = _projections(cuts)
-    rounds, it, done = 0, 0, 0
+    rounds = _rounds(cuts, p, config.restrict) if given else 0
+    it, done = 0, 0
     for it in range(clock.iterations):
-        since = it - config.big_m_iterations
+        since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
             cuts, terms, grow = _add_round(p, cuts, state, config)
             projections = _projections(cuts)
@@ -285,4 +297,4 @@ def solve(
     stats = clock.stats(done)
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds
-    return ActiveSetResult(value.to(p.c.dtype), best, cuts, stats)
+    return ActiveSetResult(rounded_down(value, p.c.dtype), best, cuts, stats)

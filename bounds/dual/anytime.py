@@ -14,7 +14,7 @@ from bounds.compile import CompileMode, check_mode
 from bounds.dual.decomposition import Problem, evaluate
 from bounds.dual.duals import Duals
 from bounds.methods.pacing import Pacer, deadline_of
-from bounds.types import Budget
+from bounds.types import Budget, rounded_down
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def problem_tensors(p: Problem) -> tuple[Tensor, ...]:
 
 def finalize(problem: Problem, best: Best, clock: Clock, iterations: int) -> DualResult:
     """Re-evaluate the best duals in float64 (the reported value is `q` at those duals, never a
-    running accumulator) and package the result in the problem's dtype."""
+    running accumulator) and package the result in the problem's dtype, rounded down."""
     dtype = problem.c.dtype
     value, _ = evaluate(problem.to(torch.float64), best.duals.to(torch.float64))
-    return DualResult(value.to(dtype), best.duals, clock.stats(iterations))
+    return DualResult(rounded_down(value, dtype), best.duals, clock.stats(iterations))

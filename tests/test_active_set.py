@@ -1,0 +1,214 @@
+"""The Anderson relaxation and its dual solvers (Big-M, active set): validity on sampled
+points, the exact references (Big-M LP = Planet LP, the all-cuts LP), the float64 re-check,
+warm starts, and the methods through `verify.bounds`."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import verify
+from bounds.anderson_lp import anderson_lp
+from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
+from bounds.dual.anderson import (
+    anderson_slopes,
+    cut_terms,
+    dense_layers,
+    evaluate,
+    most_violated,
+    no_cuts,
+    problem_from_graph,
+)
+from bounds.errors import UnsupportedOperationError
+from bounds.lp import LpConfig, planet_lp
+from bounds.methods.crown import crown, crown_intervals, output_functional
+from bounds.types import Interval
+from tests.model_zoo import make
+from tests.soundness import assert_contains, box_samples, spec_values
+from verify.api import network_graph
+
+pytest.importorskip("cvxpy")
+
+
+def _tiny(seed: int, width: int = 6, depth: int = 2):
+    torch.manual_seed(seed)
+    sizes = [4] + [width] * depth
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    net = nn.Sequential(*layers, nn.Linear(sizes[-1], 3)).double().eval()
+    graph = network_graph(net, (4,))
+    x = torch.randn(1, 4, dtype=torch.float64)
+    box = Interval(x - 1, x + 1)
+    return net, graph, box
+
+
+def _problem(graph, box, specs: int = 3, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    C = torch.randn(box.lower.shape[0], specs, 3, generator=gen, dtype=torch.float64)
+    intervals = crown_intervals(graph, box)
+    c = output_functional(graph, C)
+    p = problem_from_graph(graph, box, intervals, c)
+    pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
+    init = big_m_from_slopes(p, anderson_slopes(graph, dense_layers(graph), pre, None, c.shape[1]))
+    return p, init, C, intervals
+
+
+def _true_point(net, graph, p, x):
+    """The network's values `(x per layer, z per hidden layer)` `[N, n]` at inputs `x`."""
+    layers = p.layers
+    xs, zs = [x], []
+    for k in range(layers.hidden):
+        xh = xs[-1] @ layers.weights[k].T + layers.biases[k]
+        zs.append((xh >= 0).double())
+        xs.append(torch.relu(xh))
+    y = xs[-1] @ layers.weights[-1].T + layers.biases[-1]
+    assert torch.allclose(y, net(x), atol=1e-12)  # the dense layers are the network
+    return xs, zs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_anderson_constraint_holds_on_the_network(seed):
+    """All `2^fan-in` constraints of every neuron (and the oracle's choice at random points)
+    hold at sampled inputs with `z = 1[xh >= 0]`."""
+    net, graph, box = _tiny(seed)
+    p, _, _, _ = _problem(graph, box)
+    x = box_samples(box.lower, box.upper, 300, seed)[0]
+    xs, zs = _true_point(net, graph, p, x)
+    for k in range(p.layers.hidden):
+        W, b = p.layers.weights[k], p.layers.biases[k]
+        n_in = W.shape[1]
+        for bits in itertools.product([False, True], repeat=n_in):
+            mask = torch.tensor(bits)
+            WI = W * mask
+            kappa = -(mask * p.WL[k][0]).sum(-1)
+            zeta = b + ((~mask) * p.WU[k][0]).sum(-1) + (mask * p.WL[k][0]).sum(-1)
+            rhs = xs[k] @ WI.T + kappa + zeta * zs[k]
+            assert (xs[k + 1] <= rhs + 1e-9).all()
+        lo, up = p.pre_lower[k][0], p.pre_upper[k][0]
+        xh = xs[k] @ W.T + b
+        assert (xs[k + 1] <= up * zs[k] + 1e-9).all()
+        assert (xs[k + 1] <= xh - lo * (1 - zs[k]) + 1e-9).all()
+        # the oracle never reports a violation at a point of the network
+        violation, _ = most_violated(p, k, xs[k][None], xs[k + 1][None], zs[k][None])
+        assert violation.max() <= 1e-9
+
+
+def test_the_big_m_start_reproduces_crowns_bound():
+    _, graph, box = _tiny(0)
+    p, init, C, intervals = _problem(graph, box)
+    H = p.layers.hidden
+    terms = tuple(cut_terms(p, k, no_cuts(p, k)) for k in range(H))
+    value, _ = evaluate(p, terms, tuple(no_cuts(p, k) for k in range(H)), init)
+    lower, upper, _ = crown(graph, box, C, intervals)
+    torch.testing.assert_close(value[:, :3], lower, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(-value[:, 3:], upper, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_big_m_converges_to_the_planet_lp(seed):
+    _, graph, box = _tiny(seed)
+    p, init, C, intervals = _problem(graph, box)
+    big_m_lp = anderson_lp(p, all_cuts=False)
+    lower, upper, _ = planet_lp(graph, box, C, intervals, LpConfig())
+    planet = torch.cat([lower, -upper], 1)
+    torch.testing.assert_close(big_m_lp, planet, rtol=1e-5, atol=1e-5)  # same optimum
+    start = solve(p, BigMConfig(iterations=0), init).lower
+    result = solve(p, BigMConfig(iterations=1500), init).lower
+    assert (result <= big_m_lp + 1e-7).all()
+    assert (result >= start - 1e-12).all()
+    gap = (big_m_lp - start).clamp_min(1e-12)
+    assert ((big_m_lp - result) <= 0.1 * gap + 1e-4).all()  # 90% of the gap closed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_active_set_is_between_big_m_and_the_all_cuts_lp(seed):
+    _, graph, box = _tiny(seed)
+    p, init, _, _ = _problem(graph, box)
+    hull = anderson_lp(p, all_cuts=True)
+    planet = anderson_lp(p, all_cuts=False)
+    big_m = solve(p, BigMConfig(iterations=300), init).lower
+    result = solve(p, ActiveSetConfig(iterations=1500, max_cuts=8), init)
+    assert (result.lower <= hull + 1e-7).all()
+    assert (result.lower >= big_m - 1e-6).all()
+    # beyond Planet: strictly above the Planet LP where the hull is
+    tighter = hull > planet + 1e-3
+    assert tighter.any()
+    assert (result.lower[tighter] > planet[tighter]).all()
+    assert sum(result.stats["cuts"]) > 0
+
+
+def test_the_float64_recheck_is_the_dual_value_at_the_returned_duals():
+    _, graph, box = _tiny(1)
+    p, init, _, _ = _problem(graph, box)
+    p32 = p.to(torch.float32)
+    result = solve(p32, ActiveSetConfig(iterations=300), init.to(torch.float32))
+    p64 = p32.to(torch.float64)
+    H = p.layers.hidden
+    terms = tuple(cut_terms(p64, k, result.cuts[k]) for k in range(H))
+    value, _ = evaluate(p64, terms, result.cuts, result.duals.to(torch.float64))
+    assert result.lower.dtype == torch.float32
+    assert (result.lower.double() <= value).all()  # rounded down, never up
+    assert (torch.nextafter(result.lower, torch.tensor(torch.inf)).double() > value).all()
+    assert (result.lower.double() <= anderson_lp(p, all_cuts=True) + 1e-5).all()
+    assert all((t >= 0).all() for t in result.duals.flat())
+
+
+def test_a_warm_start_from_a_converged_point_returns_that_point():
+    _, graph, box = _tiny(2)
+    p, init, _, _ = _problem(graph, box)
+    first = solve(p, ActiveSetConfig(iterations=600), init)
+    again = solve(p, ActiveSetConfig(iterations=0), first.duals, cuts=first.cuts)
+    torch.testing.assert_close(again.lower, first.lower, rtol=0, atol=1e-12)
+    more = solve(p, ActiveSetConfig(iterations=100), first.duals, cuts=first.cuts)
+    assert (more.lower >= first.lower - 1e-12).all()
+
+
+@pytest.mark.parametrize("name", ["mlp", "deep_mlp", "conv", "normalised"])
+@pytest.mark.parametrize("method", ["big-m", "active-set"])
+def test_the_methods_contain_sampled_outputs_on_zoo_nets(name, method):
+    net, shape = make(name)
+    x = torch.rand(2, *shape, dtype=torch.float64)
+    C = torch.randn(2, 3, net(x).shape[-1], dtype=torch.float64)
+    opts = {"iterations": 120, "big_m_iterations": 30, "cut_frequency": 30}
+    result = verify.bounds(net, 0.1, x=x, C=C, method=method, **opts)
+    start = verify.bounds(net, 0.1, x=x, C=C, method="alpha-crown")
+    values = spec_values(net, box_samples(x - 0.1, x + 0.1, 500), C)
+    assert_contains(result.lower, result.upper, values)
+    assert (result.lower >= start.lower - 1e-9).all()  # never below its alpha-CROWN start
+
+
+def test_float32_nets_are_bounded_soundly():
+    net, shape = make("deep_mlp", dtype=torch.float32)
+    x = torch.rand(4, *shape)
+    result = verify.bounds(net, 0.2, x=x, method="active-set", iterations=100)
+    values = spec_values(net, box_samples(x - 0.2, x + 0.2, 1000), torch.eye(2).expand(4, 2, 2))
+    assert_contains(result.lower, result.upper, values, tol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sigmoid_mlp", "residual"])
+def test_other_graphs_get_a_typed_refusal(name):
+    net, shape = make(name)
+    x = torch.rand(1, *shape, dtype=torch.float64)
+    with pytest.raises(UnsupportedOperationError, match=r"Anderson|chain"):
+        verify.bounds(net, 0.1, x=x, method="active-set")
+
+
+def test_the_seconds_budget_holds():
+    import time
+
+    net, shape = make("deep_mlp")
+    x = torch.rand(8, *shape, dtype=torch.float64)
+    tick = time.monotonic()
+    verify.bounds(net, 0.3, x=x, method="active-set", iterations=10**6, budget=1.0)
+    assert time.monotonic() - tick < 2.0
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="restrict"):
+        ActiveSetConfig(restrict=0)
+    with pytest.raises(ValueError, match="cut_frequency"):
+        ActiveSetConfig(cut_frequency=0)
