@@ -117,7 +117,8 @@ def test_big_m_converges_to_the_planet_lp(seed):
     planet = torch.cat([lower, -upper], 1)
     torch.testing.assert_close(big_m_lp, planet, rtol=1e-5, atol=1e-5)  # same optimum
     start = solve(p, BigMConfig(iterations=0), init).lower
-    result = solve(p, BigMConfig(iterations=1500), init).lower
+    converge = {"initial_step": 0.1, "final_step": 1e-3}
+    result = solve(p, BigMConfig(iterations=1500, **converge), init).lower
     assert (result <= big_m_lp + 1e-7).all()
     assert (result >= start - 1e-12).all()
     gap = (big_m_lp - start).clamp_min(1e-12)
@@ -131,7 +132,11 @@ def test_active_set_is_between_big_m_and_the_all_cuts_lp(seed):
     hull = anderson_lp(p, all_cuts=True)
     planet = anderson_lp(p, all_cuts=False)
     big_m = solve(p, BigMConfig(iterations=300), init).lower
-    result = solve(p, ActiveSetConfig(iterations=1500, max_cuts=8), init)
+    converge = ActiveSetConfig(
+        iterations=1500, big_m_iterations=60, cut_frequency=40, max_cuts=8, restrict=None,
+        initial_step=0.1, final_step=1e-3,
+    )  # fmt: skip
+    result = solve(p, converge, init)
     assert (result.lower <= hull + 1e-7).all()
     assert (result.lower >= big_m - 1e-6).all()
     # beyond Planet: strictly above the Planet LP where the hull is
@@ -212,3 +217,15 @@ def test_bad_options_are_refused():
         ActiveSetConfig(restrict=0)
     with pytest.raises(ValueError, match="cut_frequency"):
         ActiveSetConfig(cut_frequency=0)
+
+
+def test_restrict_caps_the_cuts_per_round():
+    _, graph, box = _tiny(0, width=8)
+    p, init, _, _ = _problem(graph, box)
+    config = ActiveSetConfig(iterations=60, big_m_iterations=5, cut_frequency=10, restrict=2)
+    result = solve(p, config, init)
+    rounds = result.stats["cut_rounds"]
+    assert rounds == config.max_cuts
+    for cuts in result.cuts:
+        assert cuts.rows.shape[-1] == 2 * rounds
+    assert (result.lower <= anderson_lp(p, all_cuts=True) + 1e-7).all()

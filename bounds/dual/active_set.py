@@ -55,13 +55,13 @@ class ActiveSetConfig(DecompositionOptions):
     relative step, linearly decayed; tolerance: the violation (relative to the neuron's
     pre-activation range) a cut must exceed Big-M's by. Shared options: `DecompositionOptions`."""
 
-    iterations: int = 300
-    big_m_iterations: int = 60
-    cut_frequency: int = 40
-    max_cuts: int = 4
-    restrict: int | None = None
-    initial_step: float = 1e-1
-    final_step: float = 1e-3
+    iterations: int = 100
+    big_m_iterations: int = 10
+    cut_frequency: int = 15
+    max_cuts: int = 6
+    restrict: int | None = 32
+    initial_step: float = 0.4
+    final_step: float = 1e-2
     tolerance: float = 1e-4
 
     def __post_init__(self) -> None:
@@ -114,69 +114,81 @@ def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
 
 
 class State(NamedTuple):
-    """Normalised duals `theta` (duals = theta * scale, in `Duals.flat` order), their
-    supergradient, Adam's moments and step count, the best `d` per problem `[B, S]` with its
-    theta, and the sums of the minimisers (x per layer, z per hidden layer) since the last cut
-    round with their count."""
+    """The normalised duals `theta` `[B, S, N]` (all multipliers side by side, in `Duals.flat`
+    order; duals = theta * scale), their supergradient, Adam's moments and step count, the
+    best `d` per problem `[B, S]` with its theta, and the sums of the minimisers (x per layer,
+    z per hidden layer) since the last cut round with their count. One flat tensor keeps
+    Adam at a handful of ops per iteration."""
 
-    theta: tuple[Tensor, ...]
-    grad: tuple[Tensor, ...]
-    m: tuple[Tensor, ...]
-    v: tuple[Tensor, ...]
+    theta: Tensor
+    grad: Tensor
+    m: Tensor
+    v: Tensor
     t: Tensor
     best_value: Tensor
-    best_theta: tuple[Tensor, ...]
+    best_theta: Tensor
     x_sum: tuple[Tensor, ...]
     z_sum: tuple[Tensor, ...]
     count: Tensor
 
 
-def _duals(theta: tuple[Tensor, ...], scales: tuple[Tensor, ...]) -> Duals:
-    return Duals.unflat(tuple(t * s for t, s in zip(theta, scales)))
+class Layout(NamedTuple):
+    """How `theta` splits into `Duals`: the segments' widths (`Duals.flat` order), the scale
+    of every entry `[B, S, N]`, and 1 where an entry may be nonzero (0: a padding cut)."""
+
+    sizes: tuple[int, ...]
+    scale: Tensor
+    active: Tensor
+
+    def duals(self, theta: Tensor) -> Duals:
+        return Duals.unflat(torch.split(theta * self.scale, self.sizes, -1))
+
+    def flat(self, duals: Duals) -> Tensor:
+        return torch.cat(duals.flat(), -1)
 
 
-def _scales(init: Duals) -> tuple[Tensor, ...]:
+def _layer_scales(init: Duals) -> list[Tensor]:
     """Per hidden layer and problem `[B, S, 1]`: the mean magnitude of the layer's starting
-    multipliers (floored by a millionth of the largest layer's), in `Duals.flat` order."""
+    multipliers (floored by a millionth of the largest layer's)."""
     H = len(init.alpha)
-    if H == 0:
-        return ()
     per = [
         (init.alpha[k] + init.beta_u[k] + init.beta_l[k]).abs().mean(-1, keepdim=True)
         for k in range(H)
     ]
+    if not per:
+        return []
     top = torch.stack(per).amax(0)
-    per = [torch.maximum(s, 1e-6 * top + 1e-30) for s in per]
-    return (*per, *per, *per, *per)
+    return [torch.maximum(s, 1e-6 * top + 1e-30) for s in per]
 
 
-def _projections(cuts: tuple[Cuts, ...]) -> tuple:
-    H = len(cuts)
-
-    def nonnegative(t: Tensor) -> Tensor:
-        return t.clamp_min(0)
-
-    def masked(active: Tensor):
-        return lambda t: t.clamp_min(0) * active
-
-    return (nonnegative,) * (3 * H) + tuple(masked(c.active.to(torch.float32)) for c in cuts)
+def _layout(scales: list[Tensor], widths: tuple[int, ...], cuts: tuple[Cuts, ...]) -> Layout:
+    """The layout for hidden layers of `widths`, their `scales` and `cuts`."""
+    sizes = (*widths, *widths, *widths, *(c.rows.shape[-1] for c in cuts))
+    if not sizes:
+        return Layout((), torch.zeros(0), torch.zeros(0))
+    per = [*scales, *scales, *scales, *scales]
+    scale = torch.cat([s.expand(*s.shape[:2], n) for s, n in zip(per, sizes)], -1)
+    ones = [torch.ones_like(s).expand(*s.shape[:2], n) for s, n in zip(scales * 3, sizes)]
+    active = ones + [c.active.to(scale.dtype) for c in cuts]
+    return Layout(sizes, scale, torch.cat(active, -1))
 
 
 def as_step(
-    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...],
-    scales: tuple[Tensor, ...], projections: tuple, state: State, lr: Tensor,
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], layout: Layout,
+    state: State, lr: Tensor,
 ) -> State:  # fmt: skip
     """One projected Adam step on the normalised duals, then `d` and its supergradient there,
     the best-so-far update and the minimisers' sums (pure: `torch.compile` fuses it)."""
-    theta, m, v, t = adam_ascent(
-        state.theta, state.grad, state.m, state.v, state.t, lr, projections
-    )
-    value, x = evaluate(p, terms, cuts, _duals(theta, scales))
-    grad = tuple(g * s for g, s in zip(slacks(p, terms, cuts, x).flat(), scales))
+    (theta,), (m,), (v,), t = adam_ascent(
+        (state.theta,), (state.grad,), (state.m,), (state.v,), state.t, lr,
+        (lambda th: th.clamp_min(0) * layout.active,),
+    )  # fmt: skip
+    value, x = evaluate(p, terms, cuts, layout.duals(theta))
+    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
     improved = value > state.best_value
-    best = tuple(torch.where(improved.unsqueeze(-1), a, b) for a, b in zip(theta, state.best_theta))
     return State(
-        theta, grad, m, v, t, torch.where(improved, value, state.best_value), best,
+        theta, grad, m, v, t, torch.where(improved, value, state.best_value),
+        torch.where(improved.unsqueeze(-1), theta, state.best_theta),
         tuple(s + xi for s, xi in zip(state.x_sum, x.x)),
         tuple(s + zi for s, zi in zip(state.z_sum, x.z)),
         state.count + 1,
@@ -184,24 +196,23 @@ def as_step(
 
 
 def _start_state(
-    p: AndersonProblem, terms, cuts, scales, theta: tuple[Tensor, ...],
-    m: tuple[Tensor, ...], v: tuple[Tensor, ...], t: Tensor, best_value: Tensor,
-    best_theta: tuple[Tensor, ...],
+    p: AndersonProblem, terms, cuts, layout: Layout, theta: Tensor, m: Tensor, v: Tensor,
+    t: Tensor, best_value: Tensor, best_theta: Tensor,
 ) -> State:  # fmt: skip
     """The state at `theta` with fresh minimiser sums (the minimiser at `theta` counted)."""
-    value, x = evaluate(p, terms, cuts, _duals(theta, scales))
-    grad = tuple(g * s for g, s in zip(slacks(p, terms, cuts, x).flat(), scales))
+    value, x = evaluate(p, terms, cuts, layout.duals(theta))
+    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
     improved = value > best_value
-    best = tuple(torch.where(improved.unsqueeze(-1), a, b) for a, b in zip(theta, best_theta))
     return State(
-        theta, grad, m, v, t, torch.where(improved, value, best_value), best, x.x, x.z,
-        t.new_ones(()),
+        theta, grad, m, v, t, torch.where(improved, value, best_value),
+        torch.where(improved.unsqueeze(-1), theta, best_theta), x.x, x.z, t.new_ones(()),
     )  # fmt: skip
 
 
 def _add_round(p: AndersonProblem, cuts, state: State, config: ActiveSetConfig):
-    """One cut round: the oracle at the minimisers' average, the new constraints appended
-    (multipliers, moments and best at 0), the state re-evaluated."""
+    """One cut round: the oracle at the minimisers' average, the new constraints appended;
+    returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout
+    with zeros for the new multipliers."""
     H = p.layers.hidden
     xbar = tuple(s / state.count for s in state.x_sum)
     zbar = tuple(s / state.count for s in state.z_sum)
@@ -212,14 +223,17 @@ def _add_round(p: AndersonProblem, cuts, state: State, config: ActiveSetConfig):
         )
         new_cuts.append(add_cuts(cuts[k], rows, mask, active))
         added.append(rows.shape[-1])
+    old = [c.rows.shape[-1] for c in cuts]
     cuts = tuple(new_cuts)
     terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
+    head = state.theta.shape[-1] - sum(old)
 
-    def grow(ts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        head, tail = ts[: 3 * H], ts[3 * H :]
-        return head + tuple(
-            torch.cat([t, t.new_zeros(*t.shape[:2], r)], 2) for t, r in zip(tail, added)
-        )
+    def grow(flat: Tensor) -> Tensor:
+        parts = list(torch.split(flat, [head, *old], -1))
+        out = [parts[0]]
+        for part, r in zip(parts[1:], added):
+            out += [part, part.new_zeros(*part.shape[:2], r)]
+        return torch.cat(out, -1)
 
     return cuts, terms, grow
 
@@ -262,35 +276,36 @@ def solve(
     given = cuts is not None
     cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
     terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
-    scales = _scales(init)
-    theta = tuple(d / s for d, s in zip(init.flat(), scales))
-    zeros = tuple(torch.zeros_like(t) for t in theta)
+    scales = _layer_scales(init)
+    widths = tuple(w.shape[0] for w in p.layers.weights[:H])
+    layout = _layout(scales, widths, cuts)
+    theta = layout.flat(init) / layout.scale
+    zeros = torch.zeros_like(theta)
     best_value = p.c.new_full(p.c.shape[:2], -torch.inf)
     t0 = p.c.new_zeros(())
-    state = _start_state(p, terms, cuts, scales, theta, zeros, zeros, t0, best_value, theta)
+    state = _start_state(p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta)
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
-    projections = _projections(cuts)
     rounds = _rounds(cuts, p, config.restrict) if given else 0
     it, done = 0, 0
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
             cuts, terms, grow = _add_round(p, cuts, state, config)
-            projections = _projections(cuts)
+            layout = _layout(scales, widths, cuts)
             state = _start_state(
-                p, terms, cuts, scales, grow(state.theta), grow(state.m), grow(state.v),
+                p, terms, cuts, layout, grow(state.theta), grow(state.m), grow(state.v),
                 state.t, state.best_value, grow(state.best_theta),
             )  # fmt: skip
             rounds += 1
         lr = torch.full((), _step_size(config, it, clock.iterations), dtype=p.c.dtype,
                         device=p.c.device)  # fmt: skip
-        state = step(p, terms, cuts, scales, projections, state, lr)
+        state = step(p, terms, cuts, layout, state, lr)
         done = it + 1
         if clock.checkpoint(it, Best(state.best_value, None)):
             break
-    best = _duals(state.best_theta, scales)
+    best = layout.duals(state.best_theta)
     p64 = p.to(torch.float64)
     terms64 = tuple(cut_terms(p64, k, cuts[k]) for k in range(H))
     value, _ = evaluate(p64, terms64, cuts, best.to(torch.float64))

@@ -1,0 +1,268 @@
+"""Beyond the Planet barrier: final-layer bounds with identical intermediate bounds.
+
+Part `final` (issue 13): per instance, with the same CROWN intermediate bounds for every method,
+the lower bounds of `C y` (9 margin specs) of
+- the Planet LP (HiGHS; the optimum of every Planet method: alpha-CROWN, the LD duals, Big-M),
+- alpha-crown with 20 and 200 iterations (final-layer slopes only),
+- prox (Lagrangian decomposition from alpha-CROWN-20's duals, 400 iterations),
+- big-m and active-set (the Anderson dual, `bounds.dual.active_set`) from alpha-CROWN-20's
+  slopes (their time includes those 20 iterations),
+with bound and seconds. Every method but the LP bounds `C` and `-C` (both halves, as
+`verify.bounds` does); the table compares the `C` half. Target: active-set strictly above the
+Planet LP (by more than 1e-4 (1 + |LP|)) on >= 80% of the specs, at <= alpha-crown-200's time.
+
+Part `proven` (issue 13): instances proven by bounds alone, alpha-crown vs active-set (both
+with alpha-CROWN intermediate bounds), on ACAS Xu, mnist_fc and OVAL cifar_base around test
+images (eps 2/255).
+
+Usage: python benchmarks/beyond_planet.py [--part final|proven|both] [--quick] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import verify
+from benchmarks.common import (
+    DATA,
+    RESULTS,
+    cifar_images,
+    cifar_problem,
+    region_margin,
+    vnncomp_instances,
+    vnnlib_problems,
+    write_json,
+)
+from bounds.dual import active_set, decompose, initial_duals, problem_from_intervals, proximal
+from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_graph
+from bounds.lp import planet_lp
+from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.crown import crown_intervals, output_functional
+from bounds.types import Interval
+
+OVAL = DATA / "vnncomp2022" / "oval21" / "onnx"
+
+
+def final_instances(quick: bool):
+    """(suite, id, net, lower, upper, C): mnist_fc 256x2/x4/x6 (their VNN-COMP properties:
+    eps 0.02 / 0.05 around test images) and OVAL base/wide/deep around CIFAR test images."""
+    mnist = vnncomp_instances("mnist_fc")
+    per = 2 if quick else 4
+    for size in ("256x2", "256x4", "256x6"):
+        chosen = [(n, p) for n, p in mnist if size in n.name]
+        for net_path, prop in chosen[:: max(1, len(chosen) // per)][:per]:
+            net = verify.load_onnx(net_path)
+            lo, up, C, *_ = vnnlib_problems(net, prop)[0]
+            yield f"mnist_{size}", prop.name, net, lo, up, C
+    images, labels = cifar_images(2 if quick else 3)
+    names = ("cifar_base_kw",) if quick else ("cifar_base_kw", "cifar_wide_kw", "cifar_deep_kw")
+    for name in names:
+        net = verify.load_onnx(OVAL / f"{name}.onnx.gz")
+        for i in range(images.shape[0]):
+            lo, up, C, *_ = cifar_problem(images[i], int(labels[i]), 2 / 255)
+            yield f"oval_{name}", f"img{i}", net, lo, up, C
+
+
+def _clock(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def run_final(net, lower, upper, C, config: active_set.ActiveSetConfig) -> dict:
+    graph = verify.network_graph(net, tuple(lower.shape[1:]))
+    box = Interval(lower, upper)
+    S = C.shape[1]
+    intervals = crown_intervals(graph, box)
+    row: dict = {}
+    (_, _, lp), row["lp_seconds"] = _clock(
+        lambda: planet_lp(graph, box, C, intervals, upper=False)
+    )
+    row["lp"] = lp["raw"][0, :S].tolist()
+    alpha = {}
+    for its in (20, 200):
+        cfg = AlphaCrownConfig(iterations=its, optimize_intermediate=False, tolerance=0.0)
+        (low, _, _, stats), row[f"alpha{its}_seconds"] = _clock(
+            lambda cfg=cfg: alpha_crown(graph, box, C, cfg, intervals=intervals)
+        )
+        row[f"alpha{its}"] = low[0].tolist()
+        alpha[its] = stats
+    slopes = alpha[20]["final_slopes"]
+    c = output_functional(graph, C)
+
+    def anderson(cfg):
+        layers = dense_layers(graph)
+        p = problem_from_graph(graph, box, intervals, c, layers)
+        pre = tuple(Interval(a, b) for a, b in zip(p.pre_lower, p.pre_upper))
+        init = active_set.big_m_from_slopes(
+            p, anderson_slopes(graph, layers, pre, slopes, c.shape[1])
+        )
+        return active_set.solve(p, cfg, init)
+
+    t20 = row["alpha20_seconds"]
+    for name, cfg in (("big-m", active_set.BigMConfig(iterations=config.iterations)),
+                      ("active-set", config)):  # fmt: skip
+        result, seconds = _clock(lambda cfg=cfg: anderson(cfg))
+        row[name] = result.lower[0, :S].tolist()
+        row[name + "_seconds"] = t20 + seconds
+        row[name + "_cuts"] = result.stats["cuts"]
+
+    def prox():
+        problem = problem_from_intervals(decompose(graph), box, intervals, c)
+        init = initial_duals(problem, slopes)
+        return proximal.solve(problem, proximal.ProximalConfig(iterations=400), init)
+
+    result, seconds = _clock(prox)
+    row["prox"] = result.lower[0, :S].tolist()
+    row["prox_seconds"] = t20 + seconds
+    return row
+
+
+METHODS = ("lp", "alpha20", "alpha200", "prox", "big-m", "active-set")
+
+
+def _above(values, lp) -> list[bool]:
+    return [v > q + 1e-4 * (1 + abs(q)) for v, q in zip(values, lp)]
+
+
+def part_final(quick: bool, config: active_set.ActiveSetConfig) -> list[dict]:
+    rows = []
+    for suite, ident, net, lo, up, C in final_instances(quick):
+        row = {"suite": suite, "id": ident, **run_final(net, lo, up, C, config)}
+        row["above_lp"] = _above(row["active-set"], row["lp"])
+        rows.append(row)
+        share = sum(row["above_lp"]) / len(row["above_lp"])
+        print(
+            f"{suite:22s} {ident:28s} lp {sum(row['lp']) / len(row['lp']):10.4f} "
+            f"a200 {sum(row['alpha200']) / len(row['lp']):10.4f} "
+            f"AS {sum(row['active-set']) / len(row['lp']):10.4f} above {share:4.0%} "
+            f"t: lp {row['lp_seconds']:.2f} a200 {row['alpha200_seconds']:.2f} "
+            f"AS {row['active-set_seconds']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def final_table(rows: list[dict]) -> str:
+    suites = sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index)
+    head = "| suite | n | " + " | ".join(f"{m} bound / s" for m in METHODS)
+    head += " | active-set > LP | AS time / a200 time |"
+    lines = [head, "|" + "---|" * (len(METHODS) + 4)]
+    for suite in suites:
+        chosen = [r for r in rows if r["suite"] == suite]
+        cells = []
+        for m in METHODS:
+            values = [v for r in chosen for v in r[m]]
+            secs = sum(r[m + "_seconds"] for r in chosen) / len(chosen)
+            cells.append(f"{sum(values) / len(values):.4f} / {secs:.2f}")
+        above = [a for r in chosen for a in r["above_lp"]]
+        ratio = sum(r["active-set_seconds"] for r in chosen) / sum(
+            r["alpha200_seconds"] for r in chosen
+        )
+        lines.append(
+            f"| {suite} | {len(chosen)} | " + " | ".join(cells)
+            + f" | {sum(above)}/{len(above)} ({sum(above) / len(above):.0%}) | {ratio:.2f} |"
+        )  # fmt: skip
+    above = [a for r in rows for a in r["above_lp"]]
+    ratio = sum(r["active-set_seconds"] for r in rows) / sum(r["alpha200_seconds"] for r in rows)
+    lines.append(
+        f"| **all** | {len(rows)} |" + " |" * len(METHODS)
+        + f" **{sum(above)}/{len(above)} ({sum(above) / len(above):.0%})** | **{ratio:.2f}** |"
+    )  # fmt: skip
+    return "\n".join(lines)
+
+
+def proven_instances(quick: bool):
+    """(suite, id, net, problems) with `problems` as `vnnlib_problems` gives them."""
+    step = 6 if quick else 1
+    for bench in ("acasxu", "mnist_fc"):
+        for net_path, prop in vnncomp_instances(bench)[::step]:
+            net = verify.load_onnx(net_path)
+            yield bench, f"{net_path.name}:{prop.name}", net, vnnlib_problems(net, prop)
+    images, labels = cifar_images(10 if quick else 100)
+    net = verify.load_onnx(OVAL / "cifar_base_kw.onnx.gz")
+    for i in range(images.shape[0]):
+        yield "oval_base", f"img{i}", net, [cifar_problem(images[i], int(labels[i]), 2 / 255)]
+
+
+def _proven(net, problems, method: str, options: dict) -> tuple[bool, float]:
+    start = time.perf_counter()
+    margins = []
+    for lower, upper, C, b, owner, n_poly in problems:
+        result = verify.bounds(net, lower=lower, upper=upper, C=C, method=method, **options)
+        margins.append(region_margin(result.lower, b, owner, n_poly))
+    return min(margins) > 0, time.perf_counter() - start
+
+
+def part_proven(quick: bool, config: active_set.ActiveSetConfig) -> list[dict]:
+    rows = []
+    options = {
+        "alpha-crown": {},
+        "active-set": {
+            "iterations": config.iterations, "big_m_iterations": config.big_m_iterations,
+            "cut_frequency": config.cut_frequency, "max_cuts": config.max_cuts,
+        },
+    }  # fmt: skip
+    for suite, ident, net, problems in proven_instances(quick):
+        row = {"suite": suite, "id": ident}
+        for method, opts in options.items():
+            row[method], row[method + "_seconds"] = _proven(net, problems, method, opts)
+        rows.append(row)
+        print(f"{suite:10s} {ident:50s} alpha {row['alpha-crown']!s:5s} AS {row['active-set']}",
+              flush=True)  # fmt: skip
+    return rows
+
+
+def proven_table(rows: list[dict]) -> str:
+    lines = ["| suite | instances | alpha-crown proven / s | active-set proven / s |",
+             "|---|---|---|---|"]  # fmt: skip
+    for suite in sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index):
+        chosen = [r for r in rows if r["suite"] == suite]
+        cells = [
+            f"{sum(r[m] for r in chosen)} / {sum(r[m + '_seconds'] for r in chosen):.1f}"
+            for m in ("alpha-crown", "active-set")
+        ]
+        lines.append(f"| {suite} | {len(chosen)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("final", "proven", "both"), default="final")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=active_set.ActiveSetConfig.iterations)
+    parser.add_argument("--max-cuts", type=int, default=active_set.ActiveSetConfig.max_cuts)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
+    suffix = ("_quick" if args.quick else "") + args.tag
+    command = "python benchmarks/beyond_planet.py " + " ".join(sys.argv[1:])
+    out = [f"# Beyond Planet\n\n`{command}` ({args.threads} thread)\n"]
+    payload: dict = {"command": command, "config": vars(args)}
+    if args.part in ("final", "both"):
+        rows = part_final(args.quick, config)
+        table = final_table(rows)
+        print(table)
+        out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]
+        payload["final"] = rows
+    if args.part in ("proven", "both"):
+        rows = part_proven(args.quick, config)
+        table = proven_table(rows)
+        print(table)
+        out += ["## Instances proven by bounds alone\n", table, ""]
+        payload["proven"] = rows
+    write_json(f"beyond_planet{suffix}.json", payload)
+    (RESULTS / f"beyond_planet{suffix}.md").write_text("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
