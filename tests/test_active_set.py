@@ -172,7 +172,7 @@ def test_a_warm_start_from_a_converged_point_returns_that_point():
     assert (more.lower >= first.lower - 1e-12).all()
 
 
-@pytest.mark.parametrize("name", ["mlp", "deep_mlp", "conv", "normalised"])
+@pytest.mark.parametrize("name", ["linear", "mlp", "deep_mlp", "conv", "normalised"])
 @pytest.mark.parametrize("method", ["big-m", "active-set"])
 def test_the_methods_contain_sampled_outputs_on_zoo_nets(name, method):
     net, shape = make(name)
@@ -229,3 +229,13 @@ def test_restrict_caps_the_cuts_per_round():
     for cuts in result.cuts:
         assert cuts.rows.shape[-1] == 2 * rounds
     assert (result.lower <= anderson_lp(p, all_cuts=True) + 1e-7).all()
+
+
+def test_affine_nets_get_their_exact_bounds():
+    net, shape = make("linear")
+    x = torch.rand(2, *shape, dtype=torch.float64)
+    exact = verify.bounds(net, 0.1, x=x, method="crown")
+    for method in ("big-m", "active-set"):
+        result = verify.bounds(net, 0.1, x=x, method=method)
+        torch.testing.assert_close(result.lower, exact.lower, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)

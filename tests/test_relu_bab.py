@@ -420,3 +420,51 @@ def test_with_the_prox_stage_agrees_with_the_exact_milp(seed, truth, monkeypatch
     assert result.status == truth, (seed, result.status, truth, result.stats)
     if truth == "unsat":
         assert result.stats["regions"][0].get("prox_domains", 0) > 0
+
+
+ACTIVE_SET = ReluSplitConfig(prox_iterations=60, hard_bounder="active-set")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_active_set_bounds_of_split_domains_are_sound_and_at_least_their_start(seed):
+    """The active-set stage's bound on a split domain: never above a sampled point that
+    satisfies the splits, at least CROWN's at the domain's slopes, and its float64 value (the
+    one that closes domains) agrees with it."""
+    net = mlp([3, 12, 12, 2], seed).double()
+    region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
+    runner = ReluBab(net, region, BabConfig(splitting="relu", relu=ACTIVE_SET))
+    domains = random_domains(runner, 8, depth=3, seed=seed)
+    bound, bound64 = runner._prox(domains)
+    bound = bound[:, 0]
+    x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    values = runner.graph.forward(x * 2 - 1, all_values=True)
+    pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)
+    y = (values[runner.graph.output.name] @ runner.spec.C.T - runner.spec.b)[:, 0]
+    for i in range(len(domains)):
+        inside = ((pre * domains.splits[i].double()) >= 0).all(dim=1)
+        if inside.any():
+            assert y[inside].min() >= bound[i] - 1e-9, i
+    C = runner.spec.C[None].expand(len(domains), -1, -1)
+    one_pass = runner._one_pass(domains.splits, domains.alpha, torch.zeros_like(domains.beta), C)
+    start = one_pass.lower[:, 0] - runner.spec.b[0]
+    assert (bound >= start - 1e-9).all()
+    assert (bound > start + 1e-6).any()  # the solver moved
+    if bound64 is not None:
+        torch.testing.assert_close(bound64[:, 0], bound, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+@pytest.mark.parametrize("truth", ["sat", "unsat"])
+def test_with_the_active_set_stage_agrees_with_the_exact_milp(seed, truth, monkeypatch):
+    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
+    net, prop = milp_property(seed, truth)
+    config = BabConfig(splitting="relu", relu=ACTIVE_SET)
+    result = verify.verify(net, prop, timeout=20, config=config)
+    assert result.status == truth, (seed, result.status, truth, result.stats)
+    if truth == "unsat":
+        assert result.stats["regions"][0].get("prox_domains", 0) > 0
+
+
+def test_an_unknown_hard_bounder_is_refused():
+    with pytest.raises(ValueError, match="hard_bounder"):
+        ReluSplitConfig(hard_bounder="gurobi")

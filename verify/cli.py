@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods
 from verify import faults_cli
@@ -116,8 +117,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--prox-sweeps",
         type=count_option(0),
         default=ReluSplitConfig.prox_iterations,
-        help="ReLU splitting: proximal-solver sweeps on the domains alpha-beta-CROWN leaves "
-        f"open (0: off; default {ReluSplitConfig.prox_iterations})",
+        help="ReLU splitting: iterations of the hard-domain bounder (--hard-bounder) on the "
+        f"domains alpha-beta-CROWN leaves open (0: off; default {ReluSplitConfig.prox_iterations})",
+    )
+    parser.add_argument(
+        "--hard-bounder",
+        choices=tuple(HARD_BOUNDERS),
+        default=ReluSplitConfig.hard_bounder,
+        help="ReLU splitting: the bounder of --prox-sweeps: prox (Planet relaxation) or "
+        "active-set (Anderson relaxation, tighter; ReLU chains) "
+        f"(default {ReluSplitConfig.hard_bounder})",
     )
     parser.add_argument(
         "--workers",
@@ -179,7 +188,8 @@ def load_network(path: Path, device: str) -> torch.nn.Module:
 def bab_config(args: argparse.Namespace) -> BabConfig:
     """The branch-and-bound settings the options change (the rest: defaults)."""
     sweeps = getattr(args, "prox_sweeps", ReluSplitConfig.prox_iterations)
-    return BabConfig(relu=ReluSplitConfig(prox_iterations=sweeps))
+    bounder = getattr(args, "hard_bounder", ReluSplitConfig.hard_bounder)
+    return BabConfig(relu=ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder))
 
 
 def check_method(args: argparse.Namespace, net: torch.nn.Module, prop, config: BabConfig) -> None:

@@ -42,8 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.dual import decompose
-from bounds.dual.split_domains import prox_split_bounds
+from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.errors import UnsupportedOperationError
 from bounds.methods import beta_crown
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
@@ -145,12 +144,12 @@ class ReluBab(RegionSearch):
         self.deadline = float("inf")
         self.worst: tuple[Tensor, Tensor] | None = None  # primal points, polytopes of the worst
 
-    @staticmethod
-    def _layers(graph):
-        """The decomposition for the proximal stage (None when some node is neither affine nor
-        relaxed: the stage is skipped)."""
+    def _layers(self, graph):
+        """The network in the hard-domain bounder's form (`HARD_BOUNDERS`; None when it cannot
+        take the graph: the stage is skipped)."""
+        prepare, _ = HARD_BOUNDERS[self.settings.hard_bounder]
         try:
-            return decompose(graph)
+            return prepare(graph)
         except UnsupportedOperationError:
             return None
 
@@ -425,7 +424,8 @@ class ReluBab(RegionSearch):
             intervals64 = self._intervals(d.splits, self.base64)
             exact = (self.layers64, intervals64, self.check.spec.C[rows].reshape(shape))
         deadline = None if self.deadline == float("inf") else self.deadline
-        lower, lower64 = prox_split_bounds(
+        _, bound = HARD_BOUNDERS[self.settings.hard_bounder]
+        lower, lower64 = bound(
             self.net_layers, box, self._intervals(d.splits), self.spec.C[rows].reshape(shape),
             tuple(views[a] for a in self.layout.acts), self.settings.prox_iterations, deadline,
             exact,

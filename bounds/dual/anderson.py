@@ -380,7 +380,13 @@ def problem_from_graph(
 ) -> AndersonProblem:  # fmt: skip
     """The problem of `graph` (`dense_layers`, or the given `layers` of it) over `box`
     `[B, *in_shape]` with the nodes' `intervals` and the objectives `c` `[B, S, *out_shape]`."""
-    layers = dense_layers(graph) if layers is None else layers
+    return problem_from_layers(dense_layers(graph) if layers is None else layers, box, intervals, c)
+
+
+def problem_from_layers(
+    layers: Layers, box: Interval, intervals: dict[str, Interval], c: Tensor
+) -> AndersonProblem:
+    """`problem_from_graph` for the graph whose `Layers` these are."""
     batch = box.lower.shape[0]
     flat = Interval(box.lower.reshape(batch, -1), box.upper.reshape(batch, -1))
     pre = tuple(

@@ -1,14 +1,30 @@
-"""Lagrangian-decomposition bounds on ReLU-split branch-and-bound domains: each domain's Planet
-relaxation is the root's intermediate bounds clamped by its splits (a split neuron's relaxation
-is then exact, so the splits need no multipliers), solved by the proximal method from the CROWN
-duals of the domain's slopes (Bunel, De Palma et al., UAI 2020)."""
+"""Dual bounds on ReLU-split branch-and-bound domains, for the stage that re-bounds the domains
+alpha-beta-CROWN leaves open. Each domain's relaxation uses the root's intermediate bounds
+clamped by its splits (a split neuron's relaxation is then exact, so the splits need no
+multipliers), started from the domain's slopes:
+- `prox`: the Planet relaxation by the proximal method from the CROWN duals of the slopes
+  (Bunel, De Palma et al., UAI 2020);
+- `active-set`: the Anderson relaxation by the dual active set from the Big-M duals of the
+  slopes (De Palma et al., ICLR 2021; the OVAL framework bounds its hard subtrees so), on ReLU
+  chains.
+`HARD_BOUNDERS[name] = (prepare, bound)`: `prepare(graph)` gives the network in the bounder's
+form (UnsupportedOperationError when it cannot take the graph), `bound(net, box, intervals, c,
+slopes, iterations, deadline, exact)` the domains' bounds."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from bounds.dual.dag import Decomposition
+from bounds.dual import active_set
+from bounds.dual.anderson import (
+    Layers,
+    cut_terms,
+    dense_layers,
+    problem_from_layers,
+)
+from bounds.dual.anderson import evaluate as anderson_value
+from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import evaluate, initial_duals, problem_from_intervals
 from bounds.dual.proximal import ProximalConfig, solve
 from bounds.types import Interval
@@ -42,3 +58,38 @@ def prox_split_bounds(
     problem64 = problem_from_intervals(net64, box64, intervals64, c64)
     value64, _ = evaluate(problem64, result.duals.to(torch.float64))
     return result.lower, value64
+
+
+def anderson_split_bounds(
+    net: Layers,
+    box: Interval,
+    intervals: dict[str, Interval],
+    c: Tensor,
+    slopes: tuple[Tensor, ...],
+    iterations: int,
+    deadline: float | None = None,
+    exact: tuple[Layers, dict[str, Interval], Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """`prox_split_bounds` with the active-set solver of the Anderson relaxation (`net`:
+    `dense_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
+    `iterations` Adam steps with the default cut schedule."""
+    problem = problem_from_layers(net, box, intervals, c)
+    N, S = c.shape[:2]
+    flat = tuple(s.reshape(N, S, -1) for s in slopes)
+    init = active_set.big_m_from_slopes(problem, flat)
+    config = active_set.ActiveSetConfig(iterations=iterations)
+    result = active_set.solve(problem, config, init, deadline=deadline)
+    if exact is None:
+        return result.lower, None
+    net64, intervals64, c64 = exact
+    box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
+    p64 = problem_from_layers(net64, box64, intervals64, c64)
+    terms = tuple(cut_terms(p64, k, cuts) for k, cuts in enumerate(result.cuts))
+    value64, _ = anderson_value(p64, terms, result.cuts, result.duals.to(torch.float64))
+    return result.lower, value64
+
+
+HARD_BOUNDERS = {
+    "prox": (decompose, prox_split_bounds),
+    "active-set": (dense_layers, anderson_split_bounds),
+}
