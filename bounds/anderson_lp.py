@@ -25,7 +25,7 @@ def anderson_lp(p: AndersonProblem, all_cuts: bool = True, max_fan_in: int = 8) 
     constraint (`all_cuts`, the convex hull of each neuron over its input box) or with the
     Big-M pair alone (whose optimum is the Planet LP's)."""
     cp, _ = _cvxpy()
-    W = [_np(w) for w in p.layers.weights]
+    W = [_np(p.layers.dense(k)) for k in range(p.layers.hidden + 1)]
     b = [_np(v) for v in p.layers.biases]
     B, S = p.c.shape[:2]
     out = np.zeros((B, S))

@@ -62,10 +62,10 @@ def _true_point(net, graph, p, x):
     layers = p.layers
     xs, zs = [x], []
     for k in range(layers.hidden):
-        xh = xs[-1] @ layers.weights[k].T + layers.biases[k]
+        xh = layers.forward(k, xs[-1])
         zs.append((xh >= 0).double())
         xs.append(torch.relu(xh))
-    y = xs[-1] @ layers.weights[-1].T + layers.biases[-1]
+    y = layers.forward(layers.hidden, xs[-1])
     assert torch.allclose(y, net(x), atol=1e-12)  # the dense layers are the network
     return xs, zs
 
@@ -79,13 +79,14 @@ def test_every_anderson_constraint_holds_on_the_network(seed):
     x = box_samples(box.lower, box.upper, 300, seed)[0]
     xs, zs = _true_point(net, graph, p, x)
     for k in range(p.layers.hidden):
-        W, b = p.layers.weights[k], p.layers.biases[k]
+        W, b = p.layers.dense(k), p.layers.biases[k]
         n_in = W.shape[1]
+        WL, WU = p.ends(k, W[None])
         for bits in itertools.product([False, True], repeat=n_in):
             mask = torch.tensor(bits)
             WI = W * mask
-            kappa = -(mask * p.WL[k][0]).sum(-1)
-            zeta = b + ((~mask) * p.WU[k][0]).sum(-1) + (mask * p.WL[k][0]).sum(-1)
+            kappa = -(mask * WL[0]).sum(-1)
+            zeta = b + ((~mask) * WU[0]).sum(-1) + (mask * WL[0]).sum(-1)
             rhs = xs[k] @ WI.T + kappa + zeta * zs[k]
             assert (xs[k + 1] <= rhs + 1e-9).all()
         lo, up = p.pre_lower[k][0], p.pre_upper[k][0]
@@ -93,7 +94,8 @@ def test_every_anderson_constraint_holds_on_the_network(seed):
         assert (xs[k + 1] <= up * zs[k] + 1e-9).all()
         assert (xs[k + 1] <= xh - lo * (1 - zs[k]) + 1e-9).all()
         # the oracle never reports a violation at a point of the network
-        violation, _ = most_violated(p, k, xs[k][None], xs[k + 1][None], zs[k][None])
+        every = torch.arange(W.shape[0])[None]
+        violation, _ = most_violated(p, k, xs[k][None], xs[k + 1][None], zs[k][None], every)
         assert violation.max() <= 1e-9
 
 

@@ -91,9 +91,9 @@ def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
     passing); `mu < 0` takes the upper line `x <= u (xh - l) / (u - l)`, i.e. `beta_l = -mu u /
     (u - l)`, `beta_u = mu l / (u - l)` (`beta_l = -mu` when passing): then `f = 0` and `g = 0`,
     and the layer passes `(alpha - beta_l) W` on, as CROWN passes its slopes."""
-    W = p.layers.weights
-    H = p.layers.hidden
-    above = p.c @ W[H]
+    layers = p.layers
+    H = layers.hidden
+    above = layers.adjoint(H, p.c)
     alpha, beta_u, beta_l = [None] * H, [None] * H, [None] * H
     for k in range(H - 1, -1, -1):
         lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
@@ -108,7 +108,7 @@ def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
             ~pos & passing, -above, torch.where(~pos & ambiguous, -above * up / width, zero)
         )
         beta_u[k] = torch.where(~pos & ambiguous, above * lo / width, zero)
-        above = (alpha[k] - beta_l[k]) @ W[k]
+        above = layers.adjoint(k, alpha[k] - beta_l[k])
     empty = tuple(above.new_zeros(*above.shape[:2], 0) for _ in range(H))
     return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
 
@@ -209,9 +209,9 @@ def _start_state(
     )  # fmt: skip
 
 
-def _add_round(p: AndersonProblem, cuts, state: State, config: ActiveSetConfig):
-    """One cut round: the oracle at the minimisers' average, the new constraints appended;
-    returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout
+def _add_round(p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig):
+    """One cut round: the oracle at the minimisers' average, the new constraints appended
+    (their terms computed, the old ones kept); returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout
     with zeros for the new multipliers."""
     H = p.layers.hidden
     xbar = tuple(s / state.count for s in state.x_sum)
@@ -224,8 +224,10 @@ def _add_round(p: AndersonProblem, cuts, state: State, config: ActiveSetConfig):
         new_cuts.append(add_cuts(cuts[k], rows, mask, active))
         added.append(rows.shape[-1])
     old = [c.rows.shape[-1] for c in cuts]
+    fresh = (cut_terms(p, k, c.take(slice(r, None))) for k, (c, r) in enumerate(zip(new_cuts, old)))
+    terms = tuple(CutTerms(*(torch.cat(pair, 2) for pair in zip(t, f)))
+                  for t, f in zip(terms, fresh))  # fmt: skip
     cuts = tuple(new_cuts)
-    terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
     head = state.theta.shape[-1] - sum(old)
 
     def grow(flat: Tensor) -> Tensor:
@@ -243,14 +245,6 @@ def _step_size(config: ActiveSetConfig, it: int, total: int) -> float:
     return config.initial_step + frac * (config.final_step - config.initial_step)
 
 
-def _rounds(cuts: tuple[Cuts, ...], p: AndersonProblem, restrict: int | None) -> int:
-    """Cut rounds in `cuts`: each added one slot per neuron (at most `restrict`) per layer."""
-    if not cuts:
-        return 0
-    n = p.layers.weights[0].shape[0]
-    return cuts[0].rows.shape[-1] // (n if restrict is None else min(restrict, n))
-
-
 @dataclass(frozen=True)
 class ActiveSetResult:
     """lower `[B, S]` (float64-checked, rounded down to the problem's dtype), the best duals and the cuts they go with, stats."""
@@ -263,11 +257,12 @@ class ActiveSetResult:
 
 def solve(
     p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,
-    deadline: float | None = None, cuts: tuple[Cuts, ...] | None = None,
+    deadline: float | None = None, cuts: tuple[Cuts, ...] | None = None, rounds: int = 0,
 ) -> ActiveSetResult:  # fmt: skip
     """Maximise `d` from `init` (module docstring); never below `d(init)`. `cuts`: the
     constraints `init.beta_cut` belongs to (a warm start from an earlier result's `duals` and
-    `cuts`; they count towards `max_cuts` by their rounds, `stats['cut_rounds']`). The budget's
+    `cuts`), made in `rounds` rounds (its `stats['cut_rounds']`), which count towards
+    `max_cuts`; cut rounds then start at once. The budget's
     seconds and `deadline` (`time.monotonic()`), whichever is first, are paced every
     iteration (host clock), keeping time for the float64 re-evaluation."""
     H = p.layers.hidden
@@ -281,7 +276,7 @@ def solve(
     cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
     terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
     scales = _layer_scales(init)
-    widths = tuple(w.shape[0] for w in p.layers.weights[:H])
+    widths = tuple(p.layers.width(k) for k in range(H))
     layout = _layout(scales, widths, cuts)
     theta = layout.flat(init) / layout.scale
     zeros = torch.zeros_like(theta)
@@ -291,12 +286,11 @@ def solve(
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
-    rounds = _rounds(cuts, p, config.restrict) if given else 0
     it, done = 0, 0
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
-            cuts, terms, grow = _add_round(p, cuts, state, config)
+            cuts, terms, grow = _add_round(p, cuts, terms, state, config)
             layout = _layout(scales, widths, cuts)
             state = _start_state(
                 p, terms, cuts, layout, grow(state.theta), grow(state.m), grow(state.v),

@@ -44,50 +44,78 @@ from torch import Tensor
 from bounds.dual.dag import decompose
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
+from bounds.ops import UnaryAffineOp
 from bounds.types import Interval
 
 
 @dataclass(frozen=True)
 class Layers:
-    """A ReLU chain as dense affine layers: `weights[k]` `[n_k, n_{k-1}]` and `biases[k]`
-    `[n_k]`, the last one the output layer; `pre_names[k]`: hidden layer k's pre-activation
-    node and `act_names[k]` its ReLU node."""
+    """A ReLU chain as affine layers, each the chain of unary affine ops between two ReLUs
+    (Linear, Conv, BatchNorm, Flatten, ...; applied as ops, never as dense matrices), on flat
+    values: layer k maps `x_{k-1}` (`in_shapes[k]`) to `xh_k` (`out_shapes[k]`), the last one
+    the output layer. `biases[k]` `[n_k]`: its image of 0; `pre_names[k]`, `act_names[k]`:
+    hidden layer k's pre-activation and ReLU nodes."""
 
-    weights: tuple[Tensor, ...]
+    graph: Graph
+    chains: tuple[tuple[UnaryAffineOp, ...], ...]
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
     biases: tuple[Tensor, ...]
     pre_names: tuple[str, ...]
     act_names: tuple[str, ...]
 
     @property
     def hidden(self) -> int:
-        return len(self.weights) - 1
+        return len(self.chains) - 1
+
+    def width(self, k: int) -> int:
+        return self.biases[k].shape[0]
+
+    def forward(self, k: int, x: Tensor) -> Tensor:
+        """`W_k x + b_k` for `x` `[..., n_{k-1}]`."""
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, *self.in_shapes[k])
+        for op in self.chains[k]:
+            flat = op.linear(flat)
+        return flat.reshape(*lead, -1) + self.biases[k]
+
+    def adjoint(self, k: int, y: Tensor) -> Tensor:
+        """`W_k^T y` for `y` `[..., n_k]`."""
+        lead = y.shape[:-1]
+        flat = y.reshape(-1, *self.out_shapes[k])
+        for op in reversed(self.chains[k]):
+            flat = op.adjoint(flat)
+        return flat.reshape(*lead, -1)
+
+    def rows(self, k: int, index: Tensor, chunk: int = 1 << 24) -> Tensor:
+        """The rows `W_k[index]` `[*index.shape, n_{k-1}]` (adjoints of unit vectors, in chunks
+        of about `chunk` elements)."""
+        n, flat = self.width(k), index.reshape(-1)
+        n_in = 1
+        for d in self.in_shapes[k]:
+            n_in *= d
+        step = max(1, chunk // max(n, n_in))
+        parts = []
+        for start in range(0, flat.shape[0], step):
+            part = flat[start : start + step]
+            unit = self.biases[k].new_zeros(part.shape[0], n).scatter_(1, part[:, None], 1.0)
+            parts.append(self.adjoint(k, unit))
+        if not parts:
+            return self.biases[k].new_zeros(*index.shape, n_in)
+        return torch.cat(parts).reshape(*index.shape, n_in)
+
+    def dense(self, k: int) -> Tensor:
+        """`W_k` `[n_k, n_{k-1}]` (for references on small networks)."""
+        return self.rows(k, torch.arange(self.width(k), device=self.biases[k].device))
 
     def to(self, dtype: torch.dtype) -> Layers:
-        return Layers(
-            tuple(w.to(dtype) for w in self.weights),
-            tuple(b.to(dtype) for b in self.biases),
-            self.pre_names,
-            self.act_names,
-        )
-
-
-def _dense(ops, in_shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """`(W, b)` of a chain of unary affine ops: `b` the image of 0, `W`'s columns the linear
-    parts' images of the unit vectors."""
-    n_in = 1
-    for d in in_shape:
-        n_in *= d
-    zero = like.new_zeros(1, *in_shape)
-    basis = torch.eye(n_in, dtype=like.dtype, device=like.device).reshape(n_in, *in_shape)
-    for op in ops:
-        zero = op.forward(zero)
-        basis = op.linear(basis)
-    return basis.reshape(n_in, -1).T.contiguous(), zero.reshape(-1)
+        return dense_layers(self.graph.to(dtype, self.biases[0].device))
 
 
 def dense_layers(graph: Graph) -> Layers:
-    """The graph as `Layers`, in the dtype and on the device of its constants. UnsupportedOperationError unless it is a chain of affine ops and
-    nonlinearities whose relaxations have the Anderson hull (`relaxation.anderson`: ReLU)."""
+    """The graph as `Layers`, in the dtype and on the device of its constants.
+    UnsupportedOperationError unless it is a chain of affine ops and nonlinearities whose
+    relaxations have the Anderson hull (`relaxation.anderson`: ReLU)."""
     net = decompose(graph)
     for act in net.acts:
         if not getattr(act.op.relaxation, "anderson", False):
@@ -104,13 +132,20 @@ def dense_layers(graph: Graph) -> Layers:
                 "use prox on residual or multi-branch graphs",
             )  # fmt: skip
     like = next(t for n in graph.nodes[1:] for t in n.op.constants())
-    weights, biases = [], []
+    chains, in_shapes, out_shapes, biases = [], [], [], []
     for source in net.sources:
-        W, b = _dense(source.chain, source.shape, like)
-        weights.append(W)
-        biases.append(b)
+        zero = like.new_zeros(1, *source.shape)
+        for op in source.chain:
+            zero = op.forward(zero)
+        chains.append(tuple(source.chain))
+        in_shapes.append(tuple(source.shape))
+        out_shapes.append(tuple(zero.shape[1:]))
+        biases.append(zero.reshape(-1))
     pre = tuple(e.pre for e in net.edges)
-    return Layers(tuple(weights), tuple(biases), pre, tuple(a.name for a in net.acts))
+    return Layers(
+        graph, tuple(chains), tuple(in_shapes), tuple(out_shapes), tuple(biases), pre,
+        tuple(a.name for a in net.acts),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,7 +153,7 @@ class AndersonProblem:
     """`min c . y` per (batch, spec) over the relaxation. `x_lower[k]`, `x_upper[k]` `[B, n]`:
     the boxes of the input (k = 0) and of the hidden layers' outputs (k = 1..H);
     `pre_lower[k]`, `pre_upper[k]` `[B, n_k]`: hidden layer k's pre-activation bounds;
-    `c` `[B, S, n_out]`; `WL[k]`, `WU[k]` `[B, n_k, n_{k-1}]`: `W_ij L_ij` and `W_ij U_ij`."""
+    `c` `[B, S, n_out]`."""
 
     layers: Layers
     x_lower: tuple[Tensor, ...]
@@ -126,8 +161,6 @@ class AndersonProblem:
     pre_lower: tuple[Tensor, ...]
     pre_upper: tuple[Tensor, ...]
     c: Tensor
-    WL: tuple[Tensor, ...]
-    WU: tuple[Tensor, ...]
 
     def to(self, dtype: torch.dtype) -> AndersonProblem:
         return build_problem(
@@ -138,6 +171,15 @@ class AndersonProblem:
             self.c.to(dtype),
         )  # fmt: skip
 
+    def ends(self, k: int, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """`(W_ij L_ij, W_ij U_ij)` for weight rows `rows` `[B, ..., n_in]` of layer k: each
+        input's box end that minimises / maximises `W_ij x_j`."""
+        extra = rows.dim() - 2
+        lo = self.x_lower[k].reshape(rows.shape[0], *([1] * extra), -1)
+        up = self.x_upper[k].reshape(rows.shape[0], *([1] * extra), -1)
+        positive = rows > 0
+        return rows * torch.where(positive, lo, up), rows * torch.where(positive, up, lo)
+
 
 def build_problem(
     layers: Layers, box: Interval, pre: tuple[Interval, ...], c: Tensor
@@ -146,16 +188,9 @@ def build_problem(
     (`[B, n_k]` each) and objectives `c` `[B, S, n_out]`."""
     x_lower = [box.lower] + [torch.relu(iv.lower) for iv in pre]
     x_upper = [box.upper] + [torch.relu(iv.upper) for iv in pre]
-    WL, WU = [], []
-    for k in range(layers.hidden):
-        W = layers.weights[k]
-        lo, up = x_lower[k].unsqueeze(1), x_upper[k].unsqueeze(1)
-        positive = W > 0
-        WL.append(W * torch.where(positive, lo, up))
-        WU.append(W * torch.where(positive, up, lo))
     return AndersonProblem(
         layers, tuple(x_lower), tuple(x_upper), tuple(iv.lower for iv in pre),
-        tuple(iv.upper for iv in pre), c, tuple(WL), tuple(WU),
+        tuple(iv.upper for iv in pre), c,
     )  # fmt: skip
 
 
@@ -167,6 +202,10 @@ class Cuts(NamedTuple):
     rows: Tensor
     mask: Tensor
     active: Tensor
+
+    def take(self, slots: slice) -> Cuts:
+        """The cuts in `slots` (a slice of the R axis)."""
+        return Cuts(self.rows[:, :, slots], self.mask[:, :, slots], self.active[:, :, slots])
 
 
 class CutTerms(NamedTuple):
@@ -180,7 +219,7 @@ class CutTerms(NamedTuple):
 
 def no_cuts(p: AndersonProblem, k: int) -> Cuts:
     B, S = p.c.shape[:2]
-    n_in = p.layers.weights[k].shape[1]
+    n_in = p.x_lower[k].shape[-1]
     device = p.c.device
     return Cuts(
         torch.zeros(B, S, 0, dtype=torch.long, device=device),
@@ -192,18 +231,12 @@ def no_cuts(p: AndersonProblem, k: int) -> Cuts:
 def cut_terms(p: AndersonProblem, k: int, cuts: Cuts) -> CutTerms:
     """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
     the problem's dtype (computed from the masks, so a float64 problem gets float64 terms)."""
-    W, b = p.layers.weights[k], p.layers.biases[k]
-    B, S, R = cuts.rows.shape
-    n_in = W.shape[1]
-    rows = cuts.rows.reshape(B, S * R)
-    index = rows.unsqueeze(-1).expand(B, S * R, n_in)
-    WL = torch.gather(p.WL[k], 1, index).reshape(B, S, R, n_in)
-    WU = torch.gather(p.WU[k], 1, index).reshape(B, S, R, n_in)
+    W = p.layers.rows(k, cuts.rows)
+    WL, WU = p.ends(k, W)
     mask = cuts.mask.to(W.dtype)
-    WI = W[cuts.rows] * mask
     in_L = (mask * WL).sum(-1)
-    zeta = b[cuts.rows] + (WU * (1 - mask)).sum(-1) + in_L
-    return CutTerms(WI, -in_L, zeta)
+    zeta = p.layers.biases[k][cuts.rows] + (WU * (1 - mask)).sum(-1) + in_L
+    return CutTerms(W * mask, -in_L, zeta)
 
 
 class Duals(NamedTuple):
@@ -252,13 +285,13 @@ def evaluate(
     p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
 ) -> tuple[Tensor, Primal]:
     """The dual value `d` `[B, S]` (module docstring) and the Lagrangian's minimiser."""
-    W, b = p.layers.weights, p.layers.biases
-    H = p.layers.hidden
+    layers, b = p.layers, p.layers.biases
+    H = layers.hidden
     value = (p.c * b[H]).sum(-1)
-    above = p.c @ W[H]  # coefficient of x_{H-1} from the output layer
+    above = layers.adjoint(H, p.c)  # coefficient of x_{H-1} from the output layer
     xs, zs = [None] * (H + 1), [None] * H
     for k in range(H - 1, -1, -1):
-        n = W[k].shape[0]
+        n = layers.width(k)
         cut_sum = _scatter(cuts[k].rows, d.beta_cut[k], n)
         f = above - d.alpha[k] + d.beta_u[k] + d.beta_l[k] + cut_sum
         box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
@@ -271,7 +304,7 @@ def evaluate(
         value = (
             value - (d.beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
         )
-        above = (d.alpha[k] - d.beta_l[k]) @ W[k]
+        above = layers.adjoint(k, d.alpha[k] - d.beta_l[k])
         above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
     box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
     return value + box_value, Primal(tuple(xs), tuple(zs))
@@ -282,10 +315,9 @@ def slacks(
 ) -> Duals:
     """The supergradient of `d` at the point whose minimiser is `x`: each constraint's
     violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout."""
-    W, b = p.layers.weights, p.layers.biases
     alpha, beta_u, beta_l, beta_cut = [], [], [], []
     for k in range(p.layers.hidden):
-        xh = x.x[k] @ W[k].T + b[k]
+        xh = p.layers.forward(k, x.x[k])
         out, z = x.x[k + 1], x.z[k]
         lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
         alpha.append(xh - out)
@@ -300,28 +332,33 @@ def slacks(
 
 
 def most_violated(
-    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, chunk: int = 1 << 22
-) -> tuple[Tensor, Tensor]:
-    """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1):
-    for every neuron of hidden layer k at the point `(x_in [B, S, n_in], x_out, z [B, S, n_k])`,
-    the subset `I` with the least right-hand side, `j in I` iff
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
+    chunk: int = 1 << 22,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1)
+    for the neurons `index` `[B, R]` of hidden layer k at the point `(x_in [B, S, n_in],
+    x_out, z [B, S, n_k])`: the subset `I` with the least right-hand side, `j in I` iff
     `W_ij (L_ij (1 - z) + U_ij z - x_j) >= 0`, and its violation `x - b z - sum_j min(W_ij
-    (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, n_k], mask [B, S, n_k,
-    n_in])`, computed in chunks of neurons of about `chunk` elements."""
-    W, b = p.layers.weights[k], p.layers.biases[k]
-    B, S, n = x_out.shape
-    n_in = W.shape[1]
+    (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, R], mask [B, S, R, n_in])`,
+    computed in chunks of neurons of about `chunk` elements."""
+    B, S = x_out.shape[:2]
+    n_in = x_in.shape[-1]
+    b = p.layers.biases[k]
     step = max(1, chunk // max(1, B * S * n_in))
     violations, masks = [], []
-    for start in range(0, n, step):
-        sl = slice(start, start + step)
-        zz = z[:, :, sl].unsqueeze(-1)
-        inside = W[sl] * x_in.unsqueeze(2) - p.WL[k][:, sl].unsqueeze(1) * (1 - zz)
-        outside = p.WU[k][:, sl].unsqueeze(1) * zz
-        mask = inside <= outside
-        rhs = b[sl] * z[:, :, sl] + torch.minimum(inside, outside).sum(-1)
-        violations.append(x_out[:, :, sl] - rhs)
-        masks.append(mask)
+    for start in range(0, index.shape[1], step):
+        idx = index[:, start : start + step]  # [B, r]
+        W = p.layers.rows(k, idx)  # [B, r, n_in]
+        WL, WU = p.ends(k, W)
+        at = idx.unsqueeze(1).expand(B, S, idx.shape[1])
+        zz = torch.gather(z, 2, at).unsqueeze(-1)  # [B, S, r, 1]
+        inside = W.unsqueeze(1) * x_in.unsqueeze(2) - WL.unsqueeze(1) * (1 - zz)
+        outside = WU.unsqueeze(1) * zz
+        rhs = b[idx].unsqueeze(1) * zz.squeeze(-1) + torch.minimum(inside, outside).sum(-1)
+        violations.append(torch.gather(x_out, 2, at) - rhs)
+        masks.append(inside <= outside)
+    if not violations:
+        return x_out.new_zeros(B, S, 0), torch.zeros(B, S, 0, n_in, dtype=torch.bool)
     return torch.cat(violations, 2), torch.cat(masks, 2)
 
 
@@ -341,19 +378,29 @@ def select_cuts(
     """One new cut per ambiguous neuron of layer k at the point, the `restrict` most violated
     per problem when set: `(rows, mask, active)`, active where the cut's violation exceeds both
     Big-M constraints' by more than `tolerance` (relative to the neuron's pre-activation
-    range)."""
-    violation, mask = most_violated(p, k, x_in, x_out, z)
-    lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
-    xh = x_in @ p.layers.weights[k].T + p.layers.biases[k]
-    big_m = torch.maximum(x_out - up * z, x_out - xh + lo * (1 - z)).clamp_min(0)
-    ambiguous = (lo < 0) & (up > 0)
-    gain = (violation - big_m) / (up - lo).clamp_min(1e-12)
-    score = torch.where(ambiguous, gain, -torch.inf)
-    n = score.shape[-1]
-    r = n if restrict is None else min(restrict, n)
-    top, rows = score.topk(r, dim=-1)
-    B, S = rows.shape[:2]
-    picked = torch.gather(mask, 2, rows.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
+    range). The oracle runs on the ambiguous neurons only (padded per batch element)."""
+    lo, up = p.pre_lower[k], p.pre_upper[k]
+    ambiguous = (lo < 0) & (up > 0)  # [B, n]
+    count = int(ambiguous.sum(-1).max())
+    B, S = x_out.shape[:2]
+    if count == 0:
+        empty = torch.zeros(B, S, 0, dtype=torch.long, device=lo.device)
+        mask = torch.zeros(B, S, 0, x_in.shape[-1], dtype=torch.bool, device=lo.device)
+        return empty, mask, empty.bool()
+    index = torch.argsort(ambiguous.to(torch.int8), dim=-1, descending=True, stable=True)[:, :count]
+    real = torch.gather(ambiguous, 1, index).unsqueeze(1)  # [B, 1, count]
+    violation, mask = most_violated(p, k, x_in, x_out, z, index)
+    at = index.unsqueeze(1).expand(B, S, count)
+    xh = torch.gather(p.layers.forward(k, x_in), 2, at)
+    zz, xx = torch.gather(z, 2, at), torch.gather(x_out, 2, at)
+    l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
+    big_m = torch.maximum(xx - u * zz, xx - xh + l * (1 - zz)).clamp_min(0)
+    gain = (violation - big_m) / (u - l).clamp_min(1e-12)
+    score = torch.where(real, gain, -torch.inf)
+    r = count if restrict is None else min(restrict, count)
+    top, pick = score.topk(r, dim=-1)
+    rows = torch.gather(at, 2, pick)
+    picked = torch.gather(mask, 2, pick.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
     return rows, picked, top > tolerance
 
 
