@@ -43,13 +43,14 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 
 def run(
     bench: str, scale: float, limit: int | None, method: str, splitting: str, tag: str = "",
-    prox_sweeps: int = 0, instances: Path | None = None,
+    prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
     args = argparse.Namespace(
         instances=instances or folder / "instances.csv",
         prox_sweeps=prox_sweeps,
+        hard_bounder=hard_bounder,
         root=folder,
         out=RESULTS / f"{name}.csv",
         limit=limit,
@@ -66,6 +67,7 @@ def run(
         "method": method,
         "splitting": splitting,
         "prox_sweeps": prox_sweeps,
+        "hard_bounder": hard_bounder,
         "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -96,6 +98,10 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument("--prox-sweeps", type=int, default=0, help="see python -m verify run -h")
     parser.add_argument("--instances", type=Path, help="a subset CSV (paths as in the bench's)")
+    parser.add_argument(
+        "--hard-bounder", default="prox", choices=("prox", "active-set"),
+        help="the bounder of --prox-sweeps (see python -m verify run -h)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
@@ -104,7 +110,7 @@ def main() -> None:
         tag = f"_{args.tag}" if args.tag else ""
         payload = run(
             bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
-            args.prox_sweeps, args.instances,
+            args.prox_sweeps, args.instances, args.hard_bounder,
         )  # fmt: skip
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])

@@ -58,6 +58,7 @@ class Settings:
     prox_sweeps: int
     device: str
     threads: int
+    hard_bounder: str = "prox"
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def solve_job(job: Job, settings: Settings) -> Answer:
     torch.set_num_threads(settings.threads)
     queued = max(0.0, time.time() - job.submitted)
     options = SimpleNamespace(method=settings.method, splitting=settings.splitting,
-                              prox_sweeps=settings.prox_sweeps)  # fmt: skip
+                              prox_sweeps=settings.prox_sweeps,
+                              hard_bounder=settings.hard_bounder)  # fmt: skip
     config = cli.bab_config(options)
     try:
         net = cached_network(job.network, settings.device)
@@ -138,7 +140,10 @@ def warm() -> int:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    return Settings(args.method, args.splitting, args.prox_sweeps, args.device, args.threads)
+    bounder = getattr(args, "hard_bounder", "prox")
+    return Settings(
+        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder
+    )
 
 
 def run_suite(args: argparse.Namespace, out=None, errors=None,
