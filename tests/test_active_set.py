@@ -241,3 +241,26 @@ def test_affine_nets_get_their_exact_bounds():
         result = verify.bounds(net, 0.1, x=x, method=method)
         torch.testing.assert_close(result.lower, exact.lower, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)
+
+
+def test_active_set_intermediate_bounds_contain_the_network_and_tighten_crowns():
+    from bounds.dual.intermediate import intermediate_intervals
+
+    net, shape = make("deep_mlp")
+    graph = network_graph(net, shape)
+    x = torch.rand(2, *shape, dtype=torch.float64)
+    box = Interval(x - 0.3, x + 0.3)
+    C = torch.eye(2, dtype=torch.float64).expand(2, 2, 2)
+    crown_iv = crown_intervals(graph, box)
+    tight = intermediate_intervals(graph, box, C, "active-set", iterations=60)
+    points = box_samples(box.lower, box.upper, 2000)
+    values = graph.forward(points.flatten(0, 1), all_values=True)
+    gained = False
+    for name in graph.pre_activation_names():
+        v = values[name].reshape(2, -1, *tight[name].lower.shape[1:])
+        assert (v >= tight[name].lower.unsqueeze(1) - 1e-9).all(), name
+        assert (v <= tight[name].upper.unsqueeze(1) + 1e-9).all(), name
+        assert (tight[name].lower >= crown_iv[name].lower - 1e-12).all()
+        assert (tight[name].upper <= crown_iv[name].upper + 1e-12).all()
+        gained |= bool((tight[name].lower > crown_iv[name].lower + 1e-6).any())
+    assert gained

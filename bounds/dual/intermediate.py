@@ -1,5 +1,6 @@
 """Pre-activation bounds for the decomposition methods, chosen by name: `ibp`, `crown`,
-`alpha-crown`, or tightened by the decomposition itself (`prox`, `supergradient`): for each node
+`alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set`, the
+Anderson relaxation's, on ReLU chains): for each node
 that feeds a nonlinearity, in topological order, the problem truncated at that node (its
 ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation is not exact
 (Bunel et al., UAI 2020, Sec. 5), batched as specs and chunked to bound memory."""
@@ -10,7 +11,8 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from bounds.dual import proximal, supergradient
+from bounds.dual import active_set, proximal, supergradient
+from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph import Graph
@@ -24,14 +26,15 @@ from bounds.methods.crown import (
 from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 
-INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient")
+INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient", "active-set")
 
 
 def _tighten(
     graph: Graph, truncated: Decomposition, box: Interval, intervals: dict[str, Interval],
-    solve, deadline: float | None = None,
+    bound, deadline: float | None = None,
 ) -> Interval:  # fmt: skip
-    """LD bounds of the neurons of `truncated`'s output node that need refinement."""
+    """Dual bounds of the neurons of `truncated`'s output node that need refinement:
+    `bound(truncated, intervals, c) -> [B, S]` lower bounds of `c . node`."""
     name = truncated.graph.output.name
     index = unstable_indices(graph, name, intervals[name])
     current = intervals[name]
@@ -39,8 +42,7 @@ def _tighten(
         return current
 
     def lower_bound(c: Tensor, offset: int, count: int) -> Tensor:
-        problem = problem_from_intervals(truncated, box, intervals, c)
-        return solve(problem, initial_duals(problem))
+        return bound(truncated, intervals, c)
 
     batch = box.lower.shape[0]
     low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound, None, deadline)
@@ -51,13 +53,13 @@ def decomposition_intervals(
     graph: Graph,
     net: Decomposition,
     box: Interval,
-    solve: Callable[..., Tensor],
+    bound: Callable[..., Tensor],
     given: dict[str, Interval] | None = None,
     deadline: float | None = None,
 ) -> dict[str, Interval]:
     """CROWN intervals, then each node that feeds a nonlinearity and has one among its
-    ancestors tightened in turn (topological order) by `solve(problem, init) -> [B, S] lower
-    bounds` (a decomposition solver with its own budget); past `deadline`
+    ancestors tightened in turn (topological order) by `bound(truncated, intervals, c) ->
+    [B, S] lower bounds` (a dual solver with its own budget); past `deadline`
     (`time.monotonic()`) the neurons left keep the intervals they have."""
     intervals = crown_intervals(graph, box, given, deadline)
     for name in dict.fromkeys(net.pre_names):
@@ -67,8 +69,31 @@ def decomposition_intervals(
             continue
         truncated = net.truncated(name)
         if truncated.acts:
-            intervals[name] = _tighten(graph, truncated, box, intervals, solve, deadline)
+            intervals[name] = _tighten(graph, truncated, box, intervals, bound, deadline)
     return intervals
+
+
+def _decomposition_bound(solve_fn, config, box: Interval, budget: Budget, deadline):
+    def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
+        problem = problem_from_intervals(truncated, box, intervals, c)
+        return solve_fn(problem, config, initial_duals(problem), budget, deadline).lower
+
+    return bound
+
+
+def _active_set_bound(box: Interval, budget: Budget, deadline):
+    """The Anderson relaxation's active set from CROWN's Big-M duals (ReLU chains)."""
+    config = active_set.ActiveSetConfig()
+
+    def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
+        layers = dense_layers(truncated.graph)
+        p = problem_from_layers(layers, box, intervals, c)
+        pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
+        slopes = anderson_slopes(truncated.graph, layers, pre, None, c.shape[1])
+        init = active_set.big_m_from_slopes(p, slopes)
+        return active_set.solve(p, config, init, budget, deadline).lower
+
+    return bound
 
 
 def intermediate_intervals(
@@ -91,15 +116,16 @@ def intermediate_intervals(
         base = crown_intervals(graph, box, given, deadline)
         config = AlphaCrownConfig()
         return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline)[2]
-    solvers = {
-        "prox": (proximal.solve, proximal.ProximalConfig()),
-        "supergradient": (supergradient.solve, supergradient.SupergradientConfig()),
-    }
-    if kind not in solvers:
+    if kind not in INTERMEDIATE:
         raise ValueError(f"intermediate must be one of {INTERMEDIATE}, got {kind!r}")
-    solve_fn, config = solvers[kind]
-
-    def solve(problem, init):
-        return solve_fn(problem, config, init, Budget(iterations=iterations), deadline).lower
-
-    return decomposition_intervals(graph, decompose(graph), box, solve, given, deadline)
+    budget = Budget(iterations=iterations)
+    if kind == "active-set":
+        dense_layers(graph)  # a typed refusal up front for graphs it cannot take
+        bound = _active_set_bound(box, budget, deadline)
+    else:
+        solve_fn, config = {
+            "prox": (proximal.solve, proximal.ProximalConfig()),
+            "supergradient": (supergradient.solve, supergradient.SupergradientConfig()),
+        }[kind]
+        bound = _decomposition_bound(solve_fn, config, box, budget, deadline)
+    return decomposition_intervals(graph, decompose(graph), box, bound, given, deadline)
