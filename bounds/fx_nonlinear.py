@@ -8,9 +8,11 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
 - `x / y`: `x * reciprocal(y)`; `c / x` for a constant `c`: `c * reciprocal(x)`.
 - `max(x, y) = y + relu(x - y)` and `min(x, y) = x - relu(x - y)` (exact), and max pooling as
   a balanced tree of such maxima over the window's strided slices (`IndexOp`s).
-- `softmax(x)_i = 1 / sum_j exp(x_j - x_i)` (exact): the differences are affine, the
-  `j = i` term is `exp(0) = 1`, so the sum lies in `[1, n]` and its reciprocal is bounded on a
-  positive interval (no product of two variables is needed).
+- `softmax(x)_i = 1 / (1 + sum_{j != i} exp(x_j - x_i))` (exact): the `n - 1` differences
+  `y_k = x_{(i + k) mod n} - x_i` are affine (a rotation `IndexOp` and a `SumOp` each), and
+  `relaxations/softmax.py` relaxes the function of them, sound for any range of the logits
+  (the `j = i` term is the exact constant 1, and an overflowing `exp` gives the limit, not
+  `inf`). Two entries: `softmax(x)_i = sigmoid(x_i - x_{i+1})`; one entry: the constant 1.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import Tensor
 from bounds import fx_shapes as shapes
 from bounds.fx_activations import activation
 from bounds.fx_common import Act, Builder, affine_const, expand_to, reshape_result, unsupported
-from bounds.ops import MultiActivationOp, SumOp
+from bounds.ops import IndexOp, MultiActivationOp, SumOp
 from relaxations import get_relaxation
 
 
@@ -170,13 +172,22 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
     axis = dim + ndim if dim < 0 else dim
     if not 1 <= axis < ndim:
         raise unsupported("softmax", node, f"dim={dim} (the batch axis, or out of range)")
-    left = _unsqueezed(b, f"{node}_xj", x, axis)  # new axis i (broadcast), old axis j
-    right = _unsqueezed(b, f"{node}_xi", x, axis + 1)  # axis i, new axis j (broadcast)
-    left, right = common_shape(b, f"{node}_pairs", "softmax", left, right)
-    diff = b.add(f"{node}_diff", SumOp(left.shape, (1.0, -1.0)), [left, right])
-    exps = activation(b, f"{node}_exp", ("exp", lambda: {}), diff)
-    total = shapes.reduce(mean=False)(b, f"{node}_sum", exps, axis + 1)
-    return activation(b, node, ("reciprocal", lambda: {}), total)
+    n = x.shape[axis - 1]
+    if n == 1:
+        return affine_const(b, node, x, 0.0, 1.0)
+    diffs = []
+    for k in range(1, n):
+        rotation = [(i + k) % n for i in range(n)]
+        rolled = b.add(f"{node}_x{k}", IndexOp(x.shape, axis - 1, rotation), [x])
+        pair = [x, rolled] if n == 2 else [rolled, x]  # n = 2: x_i - x_{i+1}, for sigmoid
+        diffs.append(b.add(f"{node}_diff{k}", SumOp(x.shape, (1.0, -1.0)), pair))
+    if n == 2:
+        return activation(b, node, ("sigmoid", lambda: {}), diffs[0])
+    try:
+        relaxation = get_relaxation("softmax", n_inputs=n - 1)
+    except (KeyError, ValueError) as exc:
+        raise unsupported("softmax", node, str(exc)) from exc
+    return b.add(node, MultiActivationOp(relaxation, x.shape), diffs)
 
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:

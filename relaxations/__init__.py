@@ -23,6 +23,7 @@ from relaxations.reciprocal import ReciprocalRelaxation
 from relaxations.relu import ReluRelaxation, neuron_status
 from relaxations.sigmoid import SigmoidRelaxation
 from relaxations.sign import HeavisideRelaxation, SignRelaxation
+from relaxations.softmax import SoftmaxRelaxation
 from relaxations.tanh import TanhRelaxation
 from relaxations.trig import CosRelaxation, SinRelaxation
 
@@ -47,6 +48,7 @@ __all__ = [
     "SigmoidRelaxation",
     "SignRelaxation",
     "SinRelaxation",
+    "SoftmaxRelaxation",
     "SquareRelaxation",
     "TanhRelaxation",
     "get_relaxation",
