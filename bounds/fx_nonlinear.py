@@ -12,7 +12,10 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
   `y_k = x_{(i + k) mod n} - x_i` are affine (a rotation `IndexOp` and a `SumOp` each), and
   `relaxations/softmax.py` relaxes the function of them, sound for any range of the logits
   (the `j = i` term is the exact constant 1, and an overflowing `exp` gives the limit, not
-  `inf`). Two entries: `softmax(x)_i = sigmoid(x_i - x_{i+1})`; one entry: the constant 1.
+  `inf`). Its last input is `P = sum_k min(exp(y_k), B)` (the `clipped_exp` relaxation: finite
+  lines on any box), used for its bounds only: CROWN bounds `P` through the input as it bounded
+  the sum of exps of the exp/sum/reciprocal composition, so the denominator's range is as tight
+  as there. Two entries: `softmax(x)_i = sigmoid(x_i - x_{i+1})`; one entry: the constant 1.
 """
 
 from __future__ import annotations
@@ -183,11 +186,18 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
         diffs.append(b.add(f"{node}_diff{k}", SumOp(x.shape, (1.0, -1.0)), pair))
     if n == 2:
         return activation(b, node, ("sigmoid", lambda: {}), diffs[0])
+    clipped = [
+        activation(b, f"{node}_exp{k + 1}", ("clipped_exp", lambda: {}), d)
+        for k, d in enumerate(diffs)
+    ]
+    total = clipped[0]
+    for k, term in enumerate(clipped[1:]):
+        total = b.add(f"{node}_sum{k + 2}", SumOp(x.shape, (1.0, 1.0)), [total, term])
     try:
-        relaxation = get_relaxation("softmax", n_inputs=n - 1)
+        relaxation = get_relaxation("softmax", terms=n - 1)
     except (KeyError, ValueError) as exc:
         raise unsupported("softmax", node, str(exc)) from exc
-    return b.add(node, MultiActivationOp(relaxation, x.shape), diffs)
+    return b.add(node, MultiActivationOp(relaxation, x.shape), [*diffs, total])
 
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:

@@ -13,7 +13,7 @@ from relaxations.base import (
     get_relaxation,
     register,
 )
-from relaxations.exp import ExpRelaxation
+from relaxations.exp import ClippedExpRelaxation, ExpRelaxation
 from relaxations.floor import FloorRelaxation
 from relaxations.hardtanh import HardtanhRelaxation
 from relaxations.leaky_relu import LeakyReluRelaxation
@@ -29,6 +29,7 @@ from relaxations.trig import CosRelaxation, SinRelaxation
 
 __all__ = [
     "AbsRelaxation",
+    "ClippedExpRelaxation",
     "CosRelaxation",
     "ExpRelaxation",
     "FloorRelaxation",

@@ -1,16 +1,22 @@
 """Relaxation of one softmax output as a function of its logit differences,
 `f(y) = 1 / (1 + sum_k exp(y_k))` with `y_k = x_{j_k} - x_i` over the `m = n - 1` other logits
 (`softmax(x)_i = f(y)` exactly; the `j = i` term `exp(0) = 1` is the constant 1). Elementwise
-over the inputs' common shape, with `m` inputs (the `MultiRelaxation` protocol).
+over the inputs' common shape (the `MultiRelaxation` protocol), with `m + 1` inputs: the `m`
+differences, and last the clipped sum `P = sum_k min(exp(y_k), B)` (`clipped_exp`,
+`relaxations/exp.py`), which `f` does not depend on: its bounds (CROWN's, through the network,
+as tight as the exp / sum / reciprocal composition's bounds on its sum) narrow the range of
+the denominator `S = 1 + sum_k exp(y_k)`: `S >= 1 + P` always, and `S = 1 + P` where `P < B`.
+Every line has slope 0 on `P`.
 
-Interval (exact up to rounding: `f` decreases in every `y_k`):
+Interval (exact on the box up to rounding: `f` decreases in every `y_k`):
 `exp(-lse(0, u)) <= f <= exp(-lse(0, l))` with `lse` the log-sum-exp (stable for any range:
-a huge `u_k` gives the limit 0, a huge negative `l` the limit 1), rounded outwards within [0, 1].
+a huge `u_k` gives the limit 0, a huge negative `l` the limit 1), intersected with `1 / S`
+over the denominator's range, rounded outwards within [0, 1].
 
 Lines: the composition of CROWN's relaxations of `exp` (convex) and of `r(S) = 1 / S` (convex,
-decreasing) on `S = 1 + sum_k exp(y_k)` in `[S_l, S_u] = [exp(lse(0, l)), exp(lse(0, u))]`
+decreasing) on `S = 1 + sum_k exp(y_k)` in `[S_l, S_u]` (the range above)
 (Zhang et al., NeurIPS 2018, Sec. 3.2; the softmax as exp, sum and reciprocal: Shi et al.,
-ICLR 2020, "Robustness verification for transformers", Sec. 3.3), done in closed form:
+ICLR 2020, "Robustness verification for transformers"), done in closed form:
 - lower: `1 / S >= 2 q - q^2 S` for any `q > 0` (the tangent at `t = 1 / q`; the gap is
   `(1 - q S)^2 / S >= 0`), and `S <= 1 + sum_k (c_k y_k + d_k)` with `(c_k, d_k)` the chord of
   `exp` on `[l_k, u_k]`; the tangent point is `t = S_l + theta (S_u - S_l)`, by default the
@@ -36,6 +42,7 @@ import torch
 from torch import Tensor
 
 from relaxations.base import MultiLinearBounds, MultiLinearConstraints, register
+from relaxations.exp import clip_level
 from relaxations.smooth import (
     MARGIN_ULPS,
     chord_slope,
@@ -128,48 +135,58 @@ def _guarded(line, lowers, uppers, params, s_l, s_u, fallback, need_finite_u):
 
 @register("softmax")
 class SoftmaxRelaxation:
-    """`1 / (1 + sum_k exp(y_k))` of `n_inputs` logit differences; see the module docstring."""
+    """`1 / (1 + sum_k exp(y_k))` of `terms` logit differences, plus the clipped sum `P` as
+    the last input (bounds only); see the module docstring."""
 
     name = "softmax"
     convex = False
-    monotone = False  # decreasing in every input, but of several inputs
+    monotone = False  # decreasing in every difference, but of several inputs
     split_at_zero = False
     fused = None
     pieces = None
 
-    def __init__(self, n_inputs: int) -> None:
-        if not isinstance(n_inputs, int) or n_inputs < 1:
-            raise ValueError(f"softmax relaxation needs n_inputs >= 1, got {n_inputs!r}")
-        self.n_inputs = n_inputs
-        self.param_shape = (n_inputs + 1,)
+    def __init__(self, terms: int) -> None:
+        if not isinstance(terms, int) or terms < 1:
+            raise ValueError(f"softmax relaxation needs terms >= 1, got {terms!r}")
+        self.terms = terms
+        self.n_inputs = terms + 1
+        self.param_shape = (terms + 1,)
 
-    def _check(self, ys: tuple[Tensor, ...]) -> None:
-        if len(ys) != self.n_inputs:
-            raise ValueError(f"softmax relaxation: {len(ys)} inputs, expected {self.n_inputs}")
+    def _split(self, inputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], Tensor]:
+        if len(inputs) != self.n_inputs:
+            raise ValueError(f"softmax relaxation: {len(inputs)} inputs, expected {self.n_inputs}")
+        return tuple(inputs[:-1]), inputs[-1]
 
-    def forward(self, *ys: Tensor) -> Tensor:
-        self._check(ys)
+    def forward(self, *inputs: Tensor) -> Tensor:
+        ys, _ = self._split(inputs)
         return torch.exp(-_log_denominator(ys))
 
     def _range(self, lowers, uppers) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`(f_lo, f_hi, S_l, S_u)`: the interval of `f` and of `S = 1 / f`, rounded outwards
-        (`S_l`, `S_u` are `inf` where they would overflow)."""
-        self._check(lowers)
-        self._check(uppers)
-        info = torch.finfo(lowers[0].dtype)
-        lse_l, lse_u = _log_denominator(lowers), _log_denominator(uppers)
-        rel_l = _relative_margin(lse_l, self.n_inputs).clamp(max=1.0)
-        rel_u = _relative_margin(lse_u, self.n_inputs).clamp(max=1.0)
-        f_lo = (torch.exp(-lse_u) * (1 - rel_u) - info.tiny).clamp(0.0, 1.0)
-        f_hi = (torch.exp(-lse_l) * (1 + rel_l) + info.tiny).clamp(0.0, 1.0)
+        (`S_l`, `S_u` are `inf` where they would overflow), from the differences' box and the
+        clipped sum's interval `[P_l, P_u]`: `S >= 1 + P`, and `S = 1 + P` when `P_u < B`."""
+        (ys_l, p_l), (ys_u, p_u) = self._split(lowers), self._split(uppers)
+        info = torch.finfo(p_l.dtype)
+        lse_l, lse_u = _log_denominator(ys_l), _log_denominator(ys_u)
+        rel_l = _relative_margin(lse_l, self.terms).clamp(max=1.0)
+        rel_u = _relative_margin(lse_u, self.terms).clamp(max=1.0)
         cap = math.log(info.max) - 1.0  # exp(lse) (1 + rel) stays finite below it
 
         def exp_or_inf(lse: Tensor, factor: Tensor) -> Tensor:
             small = lse < cap
             return torch.where(small, torch.exp(torch.where(small, lse, 0.0)) * factor, torch.inf)
 
-        s_l = exp_or_inf(lse_l, 1 - rel_l).clamp(min=1.0)
-        return f_lo, f_hi, s_l, exp_or_inf(lse_u, 1 + rel_u)
+        rel = MARGIN_ULPS * info.eps * (self.terms + 4)
+        s_l = torch.maximum(exp_or_inf(lse_l, 1 - rel_l), (1 + p_l) * (1 - rel)).clamp(min=1.0)
+        s_u = exp_or_inf(lse_u, 1 + rel_u)
+        unclipped = p_u * (1 + rel) < math.exp(clip_level(p_u.dtype))
+        s_u = torch.where(unclipped, torch.minimum(s_u, (1 + p_u) * (1 + rel)), s_u)
+        s_u = torch.maximum(s_u, s_l)
+        f_lo = (torch.exp(-lse_u) * (1 - rel_u) - info.tiny).clamp(0.0, 1.0)
+        f_hi = (torch.exp(-lse_l) * (1 + rel_l) + info.tiny).clamp(0.0, 1.0)
+        f_lo = torch.maximum(f_lo, torch.reciprocal(s_u) * (1 - 2 * info.eps) - info.tiny)
+        f_hi = torch.minimum(f_hi, torch.reciprocal(s_l) * (1 + 2 * info.eps) + info.tiny)
+        return f_lo, f_hi, s_l, s_u
 
     def interval(self, lowers, uppers) -> tuple[Tensor, Tensor]:
         f_lo, f_hi, _, _ = self._range(lowers, uppers)
@@ -181,11 +198,11 @@ class SoftmaxRelaxation:
         lowers, uppers, shape = _broadcast(lowers, uppers)
         theta = lowers[0].new_full(shape, 0.5)
         taus = []
-        for lo, up in zip(lowers, uppers):
+        for lo, up in zip(lowers[:-1], uppers[:-1]):
             width = up - lo
             safe = torch.where(width > 0, width, torch.ones_like(width))
             taus.append(torch.where(width > 0.99 / 0.5, 0.99 / safe, torch.full_like(width, 0.5)))
-        return torch.stack([theta, *taus], -1).nan_to_num(0.5)
+        return torch.stack([theta, *taus], -1)
 
     def project(self, params: Tensor) -> Tensor:
         return params.clamp(0.0, 1.0)
@@ -195,17 +212,19 @@ class SoftmaxRelaxation:
         return upper > lower
 
     def linear_bounds(self, lowers, uppers, params: Tensor | None = None) -> MultiLinearBounds:
-        """One lower and one upper line per element (see the module docstring); `params`
-        (projected onto [0, 1]) choose the tangent points."""
+        """One lower and one upper line per element (see the module docstring; slope 0 on the
+        clipped sum); `params` (projected onto [0, 1]) choose the tangent points."""
         if params is None:
             params = self.default_params(lowers, uppers)
         params = self.project(params)
         lowers, uppers, _ = _broadcast(lowers, uppers, params[..., 0])
         f_lo, f_hi, s_l, s_u = self._range(lowers, uppers)
+        (ys_l, _), (ys_u, _) = self._split(lowers), self._split(uppers)
         theta, taus = params[..., 0], params[..., 1:]
-        low = _guarded(_lower_line, lowers, uppers, theta, s_l, s_u, f_lo, True)
-        up = _guarded(_upper_line, lowers, uppers, taus, s_l, s_u, f_hi, False)
-        return MultiLinearBounds(low[0], low[1], up[0], up[1])
+        low = _guarded(_lower_line, ys_l, ys_u, theta, s_l, s_u, f_lo, True)
+        up = _guarded(_upper_line, ys_l, ys_u, taus, s_l, s_u, f_hi, False)
+        zero = torch.zeros_like(f_lo)
+        return MultiLinearBounds((*low[0], zero), low[1], (*up[0], zero), up[1])
 
     def constraints(self, lowers, uppers) -> MultiLinearConstraints:
         """The default lines (one per side): the set `argmin` minimises over."""
@@ -217,7 +236,7 @@ class SoftmaxRelaxation:
 
     def argmin(self, coeffs_pre, coeff_post: Tensor, lowers, uppers):
         """Minimiser of `sum_k a_k y_k + c z` over `constraints`: `z` on the lower line where
-        `c >= 0` (else the upper one), then each `y_k` at the end its total coefficient
+        `c >= 0` (else the upper one), then each input at the end its total coefficient
         prefers (the objective is then separable over the box)."""
         lines = self.linear_bounds(lowers, uppers)
         on_lower = coeff_post >= 0
