@@ -7,7 +7,8 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
   and a ReduceOp: exact rewriting).
 - `x / y`: `x * reciprocal(y)`; `c / x` for a constant `c`: `c * reciprocal(x)`.
 - `max(x, y) = y + relu(x - y)` and `min(x, y) = x - relu(x - y)` (exact), and max pooling as
-  a balanced tree of such maxima over the window's strided slices (`IndexOp`s).
+  a balanced tree of such maxima over the window's strided slices (`IndexOp`s); padding is
+  `-inf` (left out of the windows).
 - `softmax(x)_i = 1 / (1 + sum_{j != i} exp(x_j - x_i))` (exact): the `n - 1` differences
   `y_k = x_{(i + k) mod n} - x_i` are affine (a rotation `IndexOp` and a `SumOp` each), and
   `relaxations/softmax.py` relaxes the function of them, sound for any range of the logits
@@ -104,28 +105,54 @@ def _pair(value: Any, what: str, node: str) -> tuple[int, int]:
     raise unsupported("max_pool2d", node, f"{what}={value!r}")
 
 
+def _window_index(size: int, out: int, k: int, stride: int, pad: int, dilation: int, i: int):
+    """Input index along one axis of offset `i` of every output position's window, with each
+    padded position (outside `[0, size)`) replaced by a position of the same window that is
+    inside (max of a window is unchanged by repeating one of its elements: padding with
+    `-inf`); None when some window has no position inside."""
+    index = []
+    for p in range(out):
+        start = p * stride - pad
+        inside = [start + j * dilation for j in range(k) if 0 <= start + j * dilation < size]
+        if not inside:
+            return None
+        at = start + i * dilation
+        index.append(at if 0 <= at < size else inside[0])
+    return index
+
+
 def max_pool2d(
     b: Builder, node: str, x: Act, kernel_size: Any, stride: Any = None, padding: Any = 0,
     dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False,
 ) -> Act:  # fmt: skip
-    """Max pooling over `[C, H, W]` (no padding, no ceil mode): the windows' strided slices,
-    then a balanced tree of pairwise maxima."""
+    """Max pooling over `[C, H, W]`: for each kernel offset, the inputs it meets in every
+    window (`IndexOp`s per axis), then a balanced tree of pairwise maxima. Padding (and the
+    windows past the end in ceil mode) count as `-inf`, as in torch: a padded position never
+    wins, so it is left out of its window (`_window_index`)."""
     if len(x.shape) != 3:
         raise unsupported("max_pool2d", node, f"input of shape {x.shape} (need [C, H, W])")
     kh, kw = _pair(kernel_size, "kernel_size", node)
     sh, sw = _pair(stride if stride not in (None, []) else (kh, kw), "stride", node)
     dh, dw = _pair(dilation, "dilation", node)
-    if _pair(padding, "padding", node) != (0, 0) or ceil_mode or return_indices:
-        raise unsupported("max_pool2d", node, "padding, ceil_mode or return_indices")
-    out: Tensor = torch.nn.functional.max_pool2d(x.value, (kh, kw), (sh, sw), 0, (dh, dw))
-    oh, ow = out.shape[-2:]
+    ph, pw = _pair(padding, "padding", node)
+    if return_indices:
+        raise unsupported("max_pool2d", node, "return_indices")
+    try:
+        out: Tensor = torch.nn.functional.max_pool2d(
+            x.value, (kh, kw), (sh, sw), (ph, pw), (dh, dw), bool(ceil_mode)
+        )
+    except RuntimeError as err:
+        raise unsupported("max_pool2d", node, str(err).splitlines()[0]) from err
+    (_, height, width), (oh, ow) = x.shape, out.shape[-2:]
     slices = []
     for i in range(kh):
+        rows = _window_index(height, oh, kh, sh, ph, dh, i)
         for j in range(kw):
-            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
-            cols = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
-            index = (slice(None), slice(None), rows, cols)
-            slices.append(shapes.getitem(b, f"{node}_window{i}_{j}", x, index))
+            cols = _window_index(width, ow, kw, sw, pw, dw, j)
+            if rows is None or cols is None:
+                raise unsupported("max_pool2d", node, "a window lies wholly in the padding")
+            picked = b.add(f"{node}_window{i}_{j}_rows", IndexOp(x.shape, 1, rows), [x])
+            slices.append(b.add(f"{node}_window{i}_{j}", IndexOp(picked.shape, 2, cols), [picked]))
     level = 0
     while len(slices) > 1:
         pairs = [(slices[k], slices[k + 1]) for k in range(0, len(slices) - 1, 2)]
