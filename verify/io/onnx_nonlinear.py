@@ -104,8 +104,8 @@ def _softmax(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trac
 
 
 def _max_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """2-D MaxPool, padded symmetrically or not (pads count as `-inf`, as in ONNX and torch;
-    bounds.fx_nonlinear rewrites it through ReLU); no ceil_mode."""
+    """2-D MaxPool, unpadded or padded symmetrically (pads count as `-inf`, as in ONNX and
+    torch; bounds.fx_nonlinear rewrites it through ReLU); no ceil_mode."""
     if len(node.output) > 1 and node.output[1]:
         raise unsupported(node, "the Indices output")
     x, attrs, kernel, strides, dilations = pool_window(b, node, inputs, "max")
