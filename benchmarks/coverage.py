@@ -19,7 +19,8 @@ For every `.onnx` / `.onnx.gz` under `../shared/data/vnncomp2022` and `vnncomp20
 fill the last column.
 
     python -m benchmarks.coverage                 # both folders, writes results/coverage.*
-    python -m benchmarks.coverage --only test --samples 1000
+    python -m benchmarks.coverage --only test --samples 1000 --no-write
+    python -m benchmarks.coverage --only traffic_signs --out coverage_traffic_signs  # one file
 """
 
 from __future__ import annotations
@@ -284,21 +285,22 @@ def bound_refusals(records: list[dict]) -> str:
 
 
 def write(records: list[dict], args: argparse.Namespace) -> str:
-    """The table of `records`, written to results/coverage.md and .json (after every network:
-    an interrupted run keeps the networks it finished)."""
+    """The table of `records`, written to results/<out>.md and .json (`--out`, default
+    `coverage`; after every network: an interrupted run keeps the networks it finished)."""
     rows = summarise(records)
     text = table(rows)
     if args.no_write:
         return text
     RESULTS.mkdir(parents=True, exist_ok=True)
+    only = f" --only {args.only} --out {args.out}" if args.only else ""
     md = (f"# Coverage of the VNN-COMP 2022/2023 networks\n\n`python -m benchmarks.coverage "
-          f"--samples {args.samples} --seconds {args.seconds}`\n\n{text}\n\n"
+          f"--samples {args.samples} --seconds {args.seconds}{only}`\n\n{text}\n\n"
           "The last column is from `benchmarks/runall_truth.py` (its last results).\n\n"
           f"## Refusals (loading)\n\n{refusals(records)}\n\n"
           f"## Refusals (bounding: a typed error, counted as not sound)\n\n"
           f"{bound_refusals(records)}\n")  # fmt: skip
-    (RESULTS / "coverage.md").write_text(md)
-    (RESULTS / "coverage.json").write_text(
+    (RESULTS / f"{args.out}.md").write_text(md)
+    (RESULTS / f"{args.out}.json").write_text(
         json.dumps({"summary": rows, "networks": records}, indent=1)
     )
     return text
@@ -310,7 +312,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="CROWN intermediate deadline")
     parser.add_argument("--only", default=None, help="benchmarks whose label contains this")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--out", default="coverage", help="results/<out>.md and .json")
     args = parser.parse_args()
+    if args.only and args.out == "coverage" and not args.no_write:
+        parser.error("--only would overwrite results/coverage.*: name another --out")
     torch.set_num_threads(1)
     records = []
     for bench, path in networks():

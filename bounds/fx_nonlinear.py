@@ -7,10 +7,16 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
   and a ReduceOp: exact rewriting).
 - `x / y`: `x * reciprocal(y)`; `c / x` for a constant `c`: `c * reciprocal(x)`.
 - `max(x, y) = y + relu(x - y)` and `min(x, y) = x - relu(x - y)` (exact), and max pooling as
-  a balanced tree of such maxima over the window's strided slices (`IndexOp`s).
-- `softmax(x)_i = 1 / sum_j exp(x_j - x_i)` (exact): the differences are affine, the
-  `j = i` term is `exp(0) = 1`, so the sum lies in `[1, n]` and its reciprocal is bounded on a
-  positive interval (no product of two variables is needed).
+  a balanced tree of such maxima over the window's strided slices (`IndexOp`s); padding is
+  `-inf` (left out of the windows).
+- `softmax(x)_i = 1 / (1 + sum_{j != i} exp(x_j - x_i))` (exact): the `n - 1` differences
+  `y_k = x_{(i + k) mod n} - x_i` are affine (a rotation `IndexOp` and a `SumOp` each), and
+  `relaxations/softmax.py` relaxes the function of them, sound for any range of the logits
+  (the `j = i` term is the exact constant 1, and an overflowing `exp` gives the limit, not
+  `inf`). Its last input is `P = sum_k min(exp(y_k), B)` (the `clipped_exp` relaxation: finite
+  lines on any box), used for its bounds only: CROWN bounds `P` through the input as it bounded
+  the sum of exps of the exp/sum/reciprocal composition, so the denominator's range is as tight
+  as there. Two entries: `softmax(x)_i = sigmoid(x_i - x_{i+1})`; one entry: the constant 1.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from torch import Tensor
 from bounds import fx_shapes as shapes
 from bounds.fx_activations import activation
 from bounds.fx_common import Act, Builder, affine_const, expand_to, reshape_result, unsupported
-from bounds.ops import MultiActivationOp, SumOp
+from bounds.ops import IndexOp, MultiActivationOp, SumOp
 from relaxations import get_relaxation
 
 
@@ -99,28 +105,54 @@ def _pair(value: Any, what: str, node: str) -> tuple[int, int]:
     raise unsupported("max_pool2d", node, f"{what}={value!r}")
 
 
+def _window_index(size: int, out: int, k: int, stride: int, pad: int, dilation: int, i: int):
+    """Input index along one axis of offset `i` of every output position's window, with each
+    padded position (outside `[0, size)`) replaced by a position of the same window that is
+    inside (max of a window is unchanged by repeating one of its elements: padding with
+    `-inf`); None when some window has no position inside."""
+    index = []
+    for p in range(out):
+        start = p * stride - pad
+        inside = [start + j * dilation for j in range(k) if 0 <= start + j * dilation < size]
+        if not inside:
+            return None
+        at = start + i * dilation
+        index.append(at if 0 <= at < size else inside[0])
+    return index
+
+
 def max_pool2d(
     b: Builder, node: str, x: Act, kernel_size: Any, stride: Any = None, padding: Any = 0,
     dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False,
 ) -> Act:  # fmt: skip
-    """Max pooling over `[C, H, W]` (no padding, no ceil mode): the windows' strided slices,
-    then a balanced tree of pairwise maxima."""
+    """Max pooling over `[C, H, W]`: for each kernel offset, the inputs it meets in every
+    window (`IndexOp`s per axis), then a balanced tree of pairwise maxima. Padding (and the
+    windows past the end in ceil mode) count as `-inf`, as in torch: a padded position never
+    wins, so it is left out of its window (`_window_index`)."""
     if len(x.shape) != 3:
         raise unsupported("max_pool2d", node, f"input of shape {x.shape} (need [C, H, W])")
     kh, kw = _pair(kernel_size, "kernel_size", node)
     sh, sw = _pair(stride if stride not in (None, []) else (kh, kw), "stride", node)
     dh, dw = _pair(dilation, "dilation", node)
-    if _pair(padding, "padding", node) != (0, 0) or ceil_mode or return_indices:
-        raise unsupported("max_pool2d", node, "padding, ceil_mode or return_indices")
-    out: Tensor = torch.nn.functional.max_pool2d(x.value, (kh, kw), (sh, sw), 0, (dh, dw))
-    oh, ow = out.shape[-2:]
+    ph, pw = _pair(padding, "padding", node)
+    if return_indices:
+        raise unsupported("max_pool2d", node, "return_indices")
+    try:
+        out: Tensor = torch.nn.functional.max_pool2d(
+            x.value, (kh, kw), (sh, sw), (ph, pw), (dh, dw), bool(ceil_mode)
+        )
+    except RuntimeError as err:
+        raise unsupported("max_pool2d", node, str(err).splitlines()[0]) from err
+    (_, height, width), (oh, ow) = x.shape, out.shape[-2:]
     slices = []
     for i in range(kh):
+        rows = _window_index(height, oh, kh, sh, ph, dh, i)
         for j in range(kw):
-            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
-            cols = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
-            index = (slice(None), slice(None), rows, cols)
-            slices.append(shapes.getitem(b, f"{node}_window{i}_{j}", x, index))
+            cols = _window_index(width, ow, kw, sw, pw, dw, j)
+            if rows is None or cols is None:
+                raise unsupported("max_pool2d", node, "a window lies wholly in the padding")
+            picked = b.add(f"{node}_window{i}_{j}_rows", IndexOp(x.shape, 1, rows), [x])
+            slices.append(b.add(f"{node}_window{i}_{j}", IndexOp(picked.shape, 2, cols), [picked]))
     level = 0
     while len(slices) > 1:
         pairs = [(slices[k], slices[k + 1]) for k in range(0, len(slices) - 1, 2)]
@@ -170,13 +202,29 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
     axis = dim + ndim if dim < 0 else dim
     if not 1 <= axis < ndim:
         raise unsupported("softmax", node, f"dim={dim} (the batch axis, or out of range)")
-    left = _unsqueezed(b, f"{node}_xj", x, axis)  # new axis i (broadcast), old axis j
-    right = _unsqueezed(b, f"{node}_xi", x, axis + 1)  # axis i, new axis j (broadcast)
-    left, right = common_shape(b, f"{node}_pairs", "softmax", left, right)
-    diff = b.add(f"{node}_diff", SumOp(left.shape, (1.0, -1.0)), [left, right])
-    exps = activation(b, f"{node}_exp", ("exp", lambda: {}), diff)
-    total = shapes.reduce(mean=False)(b, f"{node}_sum", exps, axis + 1)
-    return activation(b, node, ("reciprocal", lambda: {}), total)
+    n = x.shape[axis - 1]
+    if n == 1:
+        return affine_const(b, node, x, 0.0, 1.0)
+    diffs = []
+    for k in range(1, n):
+        rotation = [(i + k) % n for i in range(n)]
+        rolled = b.add(f"{node}_x{k}", IndexOp(x.shape, axis - 1, rotation), [x])
+        pair = [x, rolled] if n == 2 else [rolled, x]  # n = 2: x_i - x_{i+1}, for sigmoid
+        diffs.append(b.add(f"{node}_diff{k}", SumOp(x.shape, (1.0, -1.0)), pair))
+    if n == 2:
+        return activation(b, node, ("sigmoid", lambda: {}), diffs[0])
+    clipped = [
+        activation(b, f"{node}_exp{k + 1}", ("clipped_exp", lambda: {}), d)
+        for k, d in enumerate(diffs)
+    ]
+    total = clipped[0]
+    for k, term in enumerate(clipped[1:]):
+        total = b.add(f"{node}_sum{k + 2}", SumOp(x.shape, (1.0, 1.0)), [total, term])
+    try:
+        relaxation = get_relaxation("softmax", terms=n - 1)
+    except (KeyError, ValueError) as exc:
+        raise unsupported("softmax", node, str(exc)) from exc
+    return b.add(node, MultiActivationOp(relaxation, x.shape), [*diffs, total])
 
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:

@@ -13,7 +13,7 @@ from relaxations.base import (
     get_relaxation,
     register,
 )
-from relaxations.exp import ExpRelaxation
+from relaxations.exp import ClippedExpRelaxation, ExpRelaxation
 from relaxations.floor import FloorRelaxation
 from relaxations.hardtanh import HardtanhRelaxation
 from relaxations.leaky_relu import LeakyReluRelaxation
@@ -23,11 +23,13 @@ from relaxations.reciprocal import ReciprocalRelaxation
 from relaxations.relu import ReluRelaxation, neuron_status
 from relaxations.sigmoid import SigmoidRelaxation
 from relaxations.sign import HeavisideRelaxation, SignRelaxation
+from relaxations.softmax import SoftmaxRelaxation
 from relaxations.tanh import TanhRelaxation
 from relaxations.trig import CosRelaxation, SinRelaxation
 
 __all__ = [
     "AbsRelaxation",
+    "ClippedExpRelaxation",
     "CosRelaxation",
     "ExpRelaxation",
     "FloorRelaxation",
@@ -47,6 +49,7 @@ __all__ = [
     "SigmoidRelaxation",
     "SignRelaxation",
     "SinRelaxation",
+    "SoftmaxRelaxation",
     "SquareRelaxation",
     "TanhRelaxation",
     "get_relaxation",

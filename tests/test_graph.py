@@ -24,7 +24,11 @@ def test_graph_computes_the_module(name):
     "module, shape, operation",
     [
         (nn.Sequential(nn.Linear(3, 4), nn.ELU()), (3,), "ELU"),
-        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2, padding=1)), (1, 6, 6), "max_pool2d"),
+        (
+            nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2, return_indices=True)),
+            (1, 6, 6),
+            "max_pool2d",
+        ),
         (nn.Sequential(nn.Linear(3, 4), nn.GELU()), (3,), "GELU"),
     ],
 )

@@ -478,8 +478,10 @@ UNSUPPORTED_FORMS = {
     ),
     "gemm_transA": ("Gemm", [n("Gemm x,W -> y", transA=1)], [tensor("W", (1, 3))], [1, 4]),
     "conv_3d": ("Conv", [n("Conv x,W -> y")], [tensor("W", (2, 2, 3, 3, 3))], [1, 2, 5, 5, 5]),
-    "maxpool_padded": ("MaxPool", [n("MaxPool x -> y", kernel_shape=[2, 2], pads=[1, 1, 1, 1])],
-                       [], [1, 1, 4, 4]),
+    "maxpool_asymmetric_pads": ("MaxPool", [n("MaxPool x -> y", kernel_shape=[2, 2],
+                                pads=[0, 0, 1, 1])], [], [1, 1, 4, 4]),
+    "maxpool_ceil_mode": ("MaxPool", [n("MaxPool x -> y", kernel_shape=[2, 2], ceil_mode=1)],
+                          [], [1, 1, 5, 5]),
     "pow_fractional": ("Pow", [n("Pow x,e -> y")], [tensor("e", ())], [1, 4]),
     "softmax_batch_axis": ("Softmax", [n("Softmax x -> y", axis=0)], [], [1, 4]),
 }  # fmt: skip
@@ -510,6 +512,10 @@ NONLINEAR_CASES = {
     "prelu_per_channel": ([n("PRelu x,s -> y")], [tensor("s", (3, 1, 1))], [1, 3, 2, 2]),
     "maxpool_2x2_stride_1": ([n("MaxPool x -> y", kernel_shape=[2, 2], strides=[1, 1])], [],
                              [1, 2, 5, 5]),
+    "maxpool_padded": ([n("MaxPool x -> y", kernel_shape=[2, 2], pads=[1, 1, 1, 1])], [],
+                       [1, 1, 4, 4]),
+    "maxpool_3x3_stride_2_padded": ([n("MaxPool x -> y", kernel_shape=[3, 3], strides=[2, 2],
+                                       pads=[1, 1, 1, 1])], [], [1, 2, 5, 6]),
     "max_min_broadcast": ([n("Relu x -> r"), n("Max x,r,c -> a"), n("Min a,x -> y")],
                           [tensor("c", (4,))], [1, 4]),
 }  # fmt: skip

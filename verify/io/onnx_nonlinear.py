@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from verify.io.onnx_builder import GraphBuilder, Traced, Value, broadcast_operands
-from verify.io.onnx_checks import invalid, spatial_output, unsupported
+from verify.io.onnx_checks import invalid, spatial_output, symmetric_pads, unsupported
 from verify.io.onnx_fold import node_attributes
 from verify.io.onnx_ops import activation, constant, hint, pool_window
 
@@ -104,17 +104,19 @@ def _softmax(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Trac
 
 
 def _max_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """2-D MaxPool without padding (bounds.fx_nonlinear rewrites it through ReLU)."""
+    """2-D MaxPool, unpadded or padded symmetrically (pads count as `-inf`, as in ONNX and
+    torch; bounds.fx_nonlinear rewrites it through ReLU); no ceil_mode."""
     if len(node.output) > 1 and node.output[1]:
         raise unsupported(node, "the Indices output")
     x, attrs, kernel, strides, dilations = pool_window(b, node, inputs, "max")
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
-        raise unsupported(node, f"auto_pad {attrs.get('auto_pad')!r}")
-    if any(int(p) for p in attrs.get("pads", [])) or int(attrs.get("ceil_mode", 0)):
-        raise unsupported(node, "padding or ceil_mode")
-    spatial_output(node, x.shape, kernel, strides, [0, 0], dilations)
-    return b.function(F.max_pool2d, x, tuple(kernel), tuple(strides), 0, tuple(dilations),
-                      batched=x.batched, hint=hint(node))  # fmt: skip
+    if int(attrs.get("ceil_mode", 0)):
+        raise unsupported(node, "ceil_mode")
+    pads = symmetric_pads(node, attrs, x.shape, kernel)
+    if any(2 * p > k for p, k in zip(pads, kernel)):
+        raise unsupported(node, f"padding {pads} exceeds half the kernel {kernel}")
+    spatial_output(node, x.shape, kernel, strides, pads, dilations)
+    return b.function(F.max_pool2d, x, tuple(kernel), tuple(strides), tuple(pads),
+                      tuple(dilations), batched=x.batched, hint=hint(node))  # fmt: skip
 
 
 def _max_min(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
