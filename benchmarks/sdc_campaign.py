@@ -162,9 +162,11 @@ def latency(bench: Bench, held: torch.Tensor) -> dict:
         x = bench.inputs[pick]
         region = None if bench.region is None else bench.region[pick]
         calls = 400 if batch == 1 else 40
-        for action, nodes in (("detect", "affine"), ("clip", "affine"), ("both", "affine"),
-                              ("detect", "all")):  # fmt: skip
-            wrapped = bench.monitor.wrap(bench.net, action, nodes=nodes)
+        for action, nodes in (("detect", "affine"), ("detect-ranges", "affine"),
+                              ("clip", "affine"), ("both", "affine"), ("detect", "all")):  # fmt: skip
+            sums = action != "detect-ranges"  # detect-ranges: the range checks alone
+            wrapped = bench.monitor.wrap(bench.net, action.split("-")[0], nodes=nodes,
+                                         checksums=sums)  # fmt: skip
             key = f"b{batch}_{action}_{nodes}"
             out[key] = paired_latency(bench.net, wrapped, x, region, calls)
     return out
@@ -249,11 +251,11 @@ def main() -> None:
         results[row], more = run_row(row, args.trials, args.extra)
         curves.update(more)
         print(table({row: results[row]}), flush=True)
-    payload = {"trials": args.trials, "extra": args.extra, "threads": 1,
-               "machine": "shared CPU (2 cores, other jobs running)", "rows": results}  # fmt: skip
-    write_json(f"{args.name}.json", payload)
-    text = table(results)
-    (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
+        payload = {"trials": args.trials, "extra": args.extra, "threads": 1,
+                   "machine": "shared CPU (2 cores, other jobs running)", "rows": results}  # fmt: skip
+        write_json(f"{args.name}.json", payload)  # after every row: a partial run keeps its rows
+        text = table(results)
+        (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
     plot_by_bit(curves, RESULTS / f"{args.name}.png")
     print(text)
 

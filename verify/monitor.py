@@ -69,6 +69,7 @@ from verify.monitor_check import (
     shared_trace,
 )
 from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
+from verify.monitor_sums import sum_checks
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -205,8 +206,11 @@ class Monitor:
     monitorable nodes in topological order; `affine`: those that are not activation outputs
     (the default set checked); `box`: the regions `[regions, *input_shape]` (float64)."""
 
-    def __init__(self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit) -> None:
+    def __init__(
+        self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit, sums
+    ) -> None:
         self.graph, self.box, self.bounds, self.ranges = graph, box, bounds, ranges
+        self.sums = sums  # node name -> SumCheck (verify.monitor_sums)
         self.unit = unit  # the unit roundoff of the inferences the ranges certify
         self.nodes, self.affine = tuple(nodes), tuple(affine)
         self.input_shape = tuple(input_shape)
@@ -266,6 +270,7 @@ class Monitor:
         nodes: str | Sequence[str] = "affine",
         ranges: dict[str, tuple[Any, Any]] | None = None,
         keep_values: bool = False,
+        checksums: bool = True,
     ) -> MonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -273,7 +278,9 @@ class Monitor:
         clamped to its range) or "both". `nodes`: "affine" (pre-activations, the output and
         any other affine node), "all" (activation outputs too) or a list of names. `ranges`:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
-        `[*shape]`). `keep_values`: the report keeps the raw value of every checked node."""
+        `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
+        `checksums`: detection also checks the checksum invariant of every checked linear
+        layer (`verify.monitor_sums`; a failure flags the layer's node)."""
         _choice(action, ACTIONS, "action")
         names = self.select(nodes)
         self.admit(net)
@@ -285,7 +292,8 @@ class Monitor:
             chosen = [_given_range(ranges, n, self.graph[n].shape, like) for n in names]
         gm = shared_trace(net)
         shapes = [self.graph[n].shape for n in names]
-        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values)
+        sums = [self.sums[n] for n in names if n in self.sums] if checksums else []
+        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums)
         return MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
 
     def check(
@@ -365,7 +373,10 @@ def monitor(
     affine = [n for n in nodes if not isinstance(graph[n].op, ActivationOp)]
     ranges = certified_ranges({n: bounds[n] for n in nodes}, {n: pads[n] for n in nodes},
                               dtype, granularity == "layer")  # fmt: skip
-    return Monitor(net, graph, box, bounds, ranges, nodes, affine, shape, unit)
+    sums = {}
+    if unit[0] == 0.0:  # rounded factors (TF32) are outside the checksums' error model
+        sums = sum_checks(net, shared_trace(net), graph, affine, bounds, unit[1])
+    return Monitor(net, graph, box, bounds, ranges, nodes, affine, shape, unit, sums)
 
 
 __all__ = [
