@@ -151,7 +151,12 @@ class _Checker:
         self.flat_hi = _flat([h[None] for h in self.hull_hi], shapes)[0]
         sizes = [int(torch.Size(s).numel()) for s in self.shapes]
         self.offsets = [sum(sizes[:k]) for k in range(len(sizes))] + [sum(sizes)]
-        self.mins, self.maxs = torch.empty_like(self.flat_lo), torch.empty_like(self.flat_hi)
+        self.extremes = torch.empty(2, self.flat_lo.numel(), dtype=self.flat_lo.dtype,
+                                    device=self.flat_lo.device)  # fmt: skip
+        self.mins, self.maxs = self.extremes
+        inf = torch.full_like(self.flat_lo, float("inf"))
+        self.window_lo = torch.stack([self.flat_lo, -inf])  # the minima above lo, maxima any
+        self.window_hi = torch.stack([inf, self.flat_hi])
         self.min_views = [self._view(self.mins, k) for k in range(len(names))]
         self.max_views = [self._view(self.maxs, k) for k in range(len(names))]
         self.regions = int(lower[0].shape[0])
@@ -231,22 +236,21 @@ class _Checker:
         names = self.names
         if not self.detect:
             return self._clean(output)
-        excess = None if self.sums is None else self.sums.excess()
+        sums = self.sums
         if self.mode == "union":
-            return self._union_report(output, excess)
+            return self._union_report(output)
         if self.mode == "sample":
             flags = torch.stack(self.bad, 1)
-            if excess is not None:
-                flags = self._add_sums(flags, excess)
+            if sums is not None:
+                flags = self._add_sums(flags)
         else:
-            ok = self.mins.ge(self.flat_lo).all().logical_and_(self.maxs.le(self.flat_hi).all())
-            if excess is not None:
-                ok.logical_and_(excess.le(0).all())  # NaN fails
-            if bool(ok):
+            ext = self.extremes  # NaN fails the comparison
+            ranges_ok = torch.equal(torch.clamp(ext, self.window_lo, self.window_hi), ext)
+            if ranges_ok and (sums is None or sums.holds()):
                 return self._clean(output)
             flags = self._shared_flags()
-            if excess is not None:
-                flags = self._add_sums(flags, excess)
+            if sums is not None:
+                flags = self._add_sums(flags)
         flagged = flags.any(1)
         return MonitorReport(flagged, _first(flags, names), flags, names, output, self.values)
 
@@ -256,11 +260,11 @@ class _Checker:
         flagged = torch.zeros(batch, dtype=torch.bool, device=output.device)
         return MonitorReport(flagged, [None] * batch, flags, self.names, output, self.values)
 
-    def _add_sums(self, flags: Tensor, excess: Tensor) -> Tensor:
+    def _add_sums(self, flags: Tensor) -> Tensor:
         """`flags [batch, nodes]` or-ed with the failed checksums, each at its node."""
         index = self.sums.node_index
         flags = flags.clone()
-        flags[:, index] |= self.sums.flags(excess)
+        flags[:, index] |= self.sums.flags()
         return flags
 
     def _shared_flags(self) -> Tensor:
@@ -269,13 +273,13 @@ class _Checker:
         ]
         return torch.stack(rows, 1)
 
-    def _union_report(self, output: Tensor, excess: Tensor | None) -> MonitorReport:
+    def _union_report(self, output: Tensor) -> MonitorReport:
         inside = torch.stack(self.inside, 1)  # [batch, nodes, regions]
         joint = torch.cummin(inside.to(torch.uint8), 1).values.bool()  # consistent so far
         lost = ~joint.any(2)  # [batch, nodes]: no region contains every value up to the node
         flags = ~inside.any(2)
-        if excess is not None:  # a failed checksum fails every region from its node on
-            broken = self._add_sums(torch.zeros_like(flags), excess)
+        if self.sums is not None:  # a failed checksum fails every region from its node on
+            broken = self._add_sums(torch.zeros_like(flags))
             flags, lost = flags | broken, lost | (broken.cumsum(1) > 0)
         first = _first(lost, self.names)
         return MonitorReport(lost[:, -1], first, flags, self.names, output, self.values)

@@ -10,15 +10,17 @@ A float evaluation meets it up to its rounding errors; with `T = a^T |x|`, `a = 
 `B = |b|^T 1` (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., Sec. 3.1,
 `gamma_k = k u / (1 - k u)` for sums in any order, FMA or not):
 
-    |fl(1^T y) - fl(c^T x) - d| <= K (T + B),
-    K = gamma_{n+1} + gamma_m (1 + gamma_{n+1}) + e_c + gamma_n (1 + e_c) + 6u (1 + u)^4 ...
+    |fl(fl(1^T y) - c^T x) - d| <= K (T + B),
+    K = gamma_{n+1} + gamma_m (1 + gamma_{n+1}) + e_c + gamma_{n+1} (s + 1 + e_c)
+        + u (1 + gamma_{n+1}) (s + 2 (1 + e_c)),   s = (1 + gamma_m)(1 + gamma_{n+1})
 
-(the rounding of `y`, of its sum, of the stored `c` and `d`, of `c^T x` and of the two
-subtractions; `e_c` bounds the rounding of `c`, `d` computed in float64 and stored in the
-network's dtype). `T` is computed beside `c^T x` (two matrix-vector products), and
-`fl(a^T |x|) >= (1 - gamma_n) T` for non-negative terms, so the check
+(the rounding of `y`, of its sum, of the stored `c` and `d`, of `fl(1^T y) - c^T x`
+computed by one `addmv` of `n + 1` terms, and of the comparison window's arithmetic; `e_c`
+bounds the rounding of `c`, `d` computed in float64 and stored in the network's dtype). `T` is
+computed by a second matrix-vector product, and `fl(a^T |x|) >= (1 - gamma_n) T` for
+non-negative terms, so the check
 
-    |fl(1^T y) - fl(c^T x) - d| <= k1 fl(a^T |x|) + k0,  k1 = 2K / (1 - gamma_n),  k0 = 2K B
+    |fl(fl(1^T y) - c^T x) - d| <= k1 fl(a^T |x|) + k0,  k1 = 2K / (1 - gamma_n),  k0 = 2K B
 
 (the factor 2 covers the rounding of the tolerance itself and of the higher-order terms) never
 fails on a fault-free evaluation of any input: no false positives by construction, not only on
@@ -39,7 +41,7 @@ from torch import Tensor, fx, nn
 from bounds.graph import Graph
 from bounds.ops import LinearOp
 from bounds.types import Interval
-from verify.bab_common import rounded_up
+from verify.bab_common import rounded_down, rounded_up
 
 FLOAT64_UNIT = 2.0**-53
 _RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
@@ -103,16 +105,22 @@ def _input_chain(node: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, fx.Node | 
     return (x, relu, flatten) if isinstance(x, fx.Node) else None
 
 
-def _tolerance(weight: Tensor, bias: Tensor, unit: float) -> tuple[float, float, float]:
-    """`(k1, k0, e_c)` of the module docstring for a float64 `weight [m, n]`, `bias [m]`."""
+def _tolerance(weight: Tensor, bias: Tensor, unit: float) -> tuple[float, float]:
+    """`(k1, k0)` of the module docstring for a float64 `weight [m, n]`, `bias [m]`."""
     m, n = weight.shape
     e_c = unit * (1 + _gamma(m, FLOAT64_UNIT)) + _gamma(m, FLOAT64_UNIT)
     g_n, g_n1, g_m = _gamma(n, unit), _gamma(n + 1, unit), _gamma(m, unit)
-    grow = (1 + g_m) * (1 + g_n1) * (1 + g_n) * (1 + e_c)
-    k = g_n1 + g_m * (1 + g_n1) + e_c + g_n * (1 + e_c) + 6 * unit * (1 + unit) * grow
+    s_y = (1 + g_m) * (1 + g_n1)  # |fl(1^T y)| <= s_y (T + B)
+    k = (
+        g_n1  # the rounding of y
+        + g_m * (1 + g_n1)  # of its sum
+        + e_c  # of the stored c and d
+        + g_n1 * (s_y + 1 + e_c)  # of fl(1^T y) - c^T x (one addmv: n + 1 terms)
+        + unit * (1 + g_n1) * (s_y + 2 * (1 + e_c))  # of the window's arithmetic
+    )
     big_b = float(bias.abs().sum()) * (1 + _gamma(m, FLOAT64_UNIT))
     tiny = (n + m + 8) * 2.0**-126  # underflow of the products and sums (float32's smallest)
-    return 2 * k / (1 - g_n), 2 * k * big_b + tiny, e_c
+    return 2 * k / (1 - g_n), 2 * k * big_b + tiny
 
 
 def sum_checks(
@@ -155,7 +163,7 @@ def sum_checks(
         source, relu_node, flatten = chain
         relu = relu_node is not None
         w64, b64 = op.weight.double(), bias.double()
-        k1, k0, _ = _tolerance(w64, b64, unit)
+        k1, k0 = _tolerance(w64, b64, unit)
         c = w64.sum(0)
         a = w64.abs().sum(0) * (1 + _gamma(w64.shape[0], FLOAT64_UNIT))
         weights = torch.stack([c.to(dtype), rounded_up(a, dtype)]).contiguous()
@@ -182,42 +190,51 @@ def inplace_users(node: fx.Node, gm: fx.GraphModule, allowed: fx.Node | None = N
 
 
 class SumRecorder:
-    """Records the two sides of each checksum during a forward (`record`, called from the
-    generated code) into buffers of the batch size; `failed()` is a lazy global test,
-    `flags()` the per-sample `[batch, checks]` flags (NaN fails)."""
+    """Records each checksum's gap `g = fl(1^T y) - fl(c^T x)` (a sum and an in-place
+    `addmv`) and `t = fl(a^T |x|)` during a forward (`record`, called from the generated
+    code) into buffers of the batch size. `holds()`: every `g` lies in
+    `[d - k1 t - k0, d + k1 t + k0]` (`d -+ k0` rounded outwards; NaN fails), one clamp and
+    one comparison for all layers; `flags()`: the per-sample `[batch, checks]` failures."""
 
     def __init__(self, checks: list[SumCheck], like: Tensor, node_index: list[int]) -> None:
         self.checks = checks
         self.node_index = torch.tensor(node_index, dtype=torch.long, device=like.device)
-        self.weights = [c.weights.to(like.device) for c in checks]
+        self.signs = [c.weights[0].to(like.device) for c in checks]
+        self.sizes = [c.weights[1].to(like.device) for c in checks]
         kw = dict(dtype=like.dtype, device=like.device)
-        self.bias_sum = torch.tensor([c.bias_sum for c in checks], **kw)[:, None]
+        d = torch.tensor([c.bias_sum for c in checks], dtype=torch.float64)[:, None]
+        k0 = torch.tensor([c.k0 for c in checks], dtype=torch.float64)[:, None]
+        self.low = rounded_down(d - k0, like.dtype).to(like.device)
+        self.high = rounded_up(d + k0, like.dtype).to(like.device)
         self.k1 = torch.tensor([c.k1 for c in checks], **kw)[:, None]
-        self.k0 = torch.tensor([c.k0 for c in checks], **kw)[:, None]
         self.kw = kw
         self._buffers: dict[int, Tensor] = {}
-        self.sums = self.signed = self.totals = None
+        self.gaps = self.totals = None
 
     def begin(self, batch: int) -> None:
         if batch not in self._buffers:
-            count = len(self.checks)
-            self._buffers = {batch: torch.empty(3, count, batch, **self.kw)}
-        self.sums, self.signed, self.totals = self._buffers[batch]
+            self._buffers = {batch: torch.empty(2, len(self.checks), batch, **self.kw)}
+        self.gaps, self.totals = self._buffers[batch]
 
     def record(self, y: Tensor, source: Tensor, j: int) -> None:
         check, y, source = self.checks[j], y.detach(), source.detach()
         x = torch.relu(source) if check.relu else source
         if check.flatten:
             x = x.reshape(x.shape[0], -1)
-        torch.sum(y, 1, out=self.sums[j])
-        torch.mv(x, self.weights[j][0], out=self.signed[j])  # c^T x
-        torch.mv(x.abs() if check.absolute else x, self.weights[j][1], out=self.totals[j])
+        gap = torch.sum(y, 1, out=self.gaps[j])
+        gap.addmv_(x, self.signs[j], alpha=-1)  # 1^T y - c^T x
+        torch.mv(x.abs() if check.absolute else x, self.sizes[j], out=self.totals[j])
 
-    def excess(self) -> Tensor:
-        """`[checks, batch]`: `|1^T y - c^T x - d| - tolerance` (<= 0: the checksum holds)."""
-        gap = (self.sums - self.signed - self.bias_sum).abs_()
-        return gap.sub_(self.totals * self.k1).sub_(self.k0)
+    def _window(self) -> tuple[Tensor, Tensor]:
+        return (torch.addcmul(self.low, self.totals, self.k1, value=-1),
+                torch.addcmul(self.high, self.totals, self.k1))  # fmt: skip
 
-    def flags(self, excess: Tensor) -> Tensor:
-        """`[batch, checks]` failed checksums of the `excess` (NaN fails)."""
-        return (~(excess <= 0)).T
+    def holds(self) -> bool:
+        """Whether every checksum of every sample holds (NaN: not)."""
+        low, high = self._window()
+        return torch.equal(torch.clamp(self.gaps, low, high), self.gaps)
+
+    def flags(self) -> Tensor:
+        """`[batch, checks]`: the failed checksums (NaN fails)."""
+        low, high = self._window()
+        return (~((self.gaps >= low) & (self.gaps <= high))).T
