@@ -160,7 +160,8 @@ class _Checker:
         self.min_views = [self._view(self.mins, k) for k in range(len(names))]
         self.max_views = [self._view(self.maxs, k) for k in range(len(names))]
         self.regions = int(lower[0].shape[0])
-        self.table_lo, self.table_hi = _flat(lower, shapes), _flat(upper, shapes)
+        self.table = torch.cat([_flat(lower, shapes), _flat(upper, shapes)], 1)  # [R, 2 total]
+        self._margins: dict[int, Tensor] = {}
 
     def _view(self, flat: Tensor, k: int) -> Tensor:
         return flat[..., self.offsets[k] : self.offsets[k + 1]].unflatten(-1, self.shapes[k])
@@ -173,8 +174,13 @@ class _Checker:
         self.raw, self.bad, self.inside = [None] * count, [None] * count, [None] * count
         self.values = {} if self.keep else None
         if self.mode == "sample":
-            self.g_lo = self.table_lo.index_select(0, region)
-            self.g_hi = self.table_hi.index_select(0, region)
+            gathered = self.table.index_select(0, region)
+            total = self.offsets[-1]
+            self.g_lo, self.g_hi = gathered[:, :total], gathered[:, total:]
+            if batch not in self._margins:  # per sample and node: min of x - lo, of hi - x
+                self._margins = {batch: torch.empty(2, count, batch, dtype=self.table.dtype,
+                                                    device=self.table.device)}  # fmt: skip
+            self.margins = self._margins[batch]
         if self.detect and self.sums is not None:
             self.sums.begin(batch)
 
@@ -183,54 +189,47 @@ class _Checker:
             return self._view(self.g_lo, k), self._view(self.g_hi, k)
         return self.hull_lo[k], self.hull_hi[k]
 
-    def _record(self, x: Tensor, k: int) -> Tensor | None:
-        """Detection of node `k`; returns its clamp when the sample mode computed it."""
-        mode, clamped = self.mode, None
+    def _record(self, x: Tensor, k: int) -> None:
+        """Detection of node `k`."""
+        mode = self.mode
         if mode == "shared":
             flat = x.detach()  # the buffers take no gradient
             torch.amin(flat, 0, out=self.min_views[k])
             torch.amax(flat, 0, out=self.max_views[k])
             self.raw[k] = x.clone() if self.hazard[k] else x
-        elif mode == "sample":
-            lo, hi = self._bounds(k)
-            clamped = torch.clamp(x, lo, hi)  # NaN stays NaN: != itself, flagged
-            self.bad[k] = torch.ne(clamped, x).reshape(x.shape[0], -1).any(1)
+        elif mode == "sample":  # float reductions (comparisons into bool tensors cost more)
+            flat, rows = x.detach().reshape(x.shape[0], -1), self.offsets[k : k + 2]
+            torch.amin(flat - self.g_lo[:, rows[0] : rows[1]], 1, out=self.margins[0, k])
+            torch.amin(self.g_hi[:, rows[0] : rows[1]] - flat, 1, out=self.margins[1, k])
         else:
             low, high = self.lower[k][None], self.upper[k][None]
             both = (x[:, None] >= low) & (x[:, None] <= high)
             self.inside[k] = both.reshape(x.shape[0], self.regions, -1).all(2)
-        return clamped
 
     def check(self, x: Tensor, k: int) -> Tensor:
-        clamped = self._record(x, k) if self.detect else None
+        if self.detect:
+            self._record(x, k)
         if self.keep:
             self.values[self.names[k]] = x.clone() if self.hazard[k] else x
         if not self.clip:
             return x
-        if clamped is not None and not self.safe:
-            return clamped
         lo, hi = self._bounds(k)
         return _clamp(x, lo, hi) if self.safe else torch.clamp(x, lo, hi)
 
     def check_relu(self, h: Tensor, k: int, j: int) -> Tensor:
-        clamped = self._record(h, k) if self.detect else None
+        if self.detect:
+            self._record(h, k)
         if self.keep:
             self.values[self.names[k]] = h.clone() if self.hazard[k] else h
         module = self.relus[j]
         if not self.clip:
             return module(h)
-        lo, hi = self._bounds(k)
-        if self.mode == "sample":
-            inner = clamped if clamped is not None and not self.safe else (
-                _clamp(h, lo, hi) if self.safe else torch.clamp(h, lo, hi))  # fmt: skip
-            return module(inner)
-        plus_lo, plus_hi = self.plus_lo[k], self.plus_hi[k]
-        if self.safe:
-            out = module(h) if _hooked(module) else h
-            return _clamp(out, plus_lo, plus_hi)
-        if _hooked(module):  # its hooks (e.g. an injected fault) see the ReLU's output
-            return torch.clamp(module(h), plus_lo, plus_hi)
-        return torch.clamp(h, plus_lo, plus_hi)
+        value = module(h) if _hooked(module) else h  # hooks (an injected fault) see the ReLU
+        if self.mode == "sample":  # relu(clamp(v, lo, hi)) = clamp(v, lo+, hi+) = relu(v) clipped
+            lo, hi = self._bounds(k)
+            return (_clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)).relu_()
+        lo, hi = self.plus_lo[k], self.plus_hi[k]
+        return _clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)
 
     def end(self, output: Tensor) -> MonitorReport:
         names = self.names
@@ -239,8 +238,11 @@ class _Checker:
         sums = self.sums
         if self.mode == "union":
             return self._union_report(output)
-        if self.mode == "sample":
-            flags = torch.stack(self.bad, 1)
+        if self.mode == "sample":  # fl(x - lo) >= 0 exactly when x >= lo; NaN fails
+            margin = self.margins.amin()
+            if bool(margin >= 0) and (sums is None or sums.holds()):
+                return self._clean(output)
+            flags = ~(self.margins >= 0).all(0).T
             if sums is not None:
                 flags = self._add_sums(flags)
         else:
