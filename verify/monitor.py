@@ -27,10 +27,23 @@ into a `GraphModule` that shares its submodules, parameters and buffers (no copi
 injected into `net` afterwards reach it) and inserts a check call after each monitored node;
 fx generates straight-line Python, so a check costs its tensor ops and no hook dispatch (the
 fault injector's forward hooks on `net`'s submodules still run, before the check). Graph nodes
-carry the fx node names; each pairing is confirmed by value on probe inputs. Detect mode takes
-the per-feature min and max over the batch of each node and compares them all with the ranges
-once, at the end of the forward (one host sync on CUDA); only a failed comparison computes the
-per-sample flags. Clip mode clamps each node to its range (NaN becomes the lower end).
+carry the fx node names; each pairing is confirmed by value on probe inputs. Detect mode writes
+the per-feature min and max over the batch of each node into one preallocated buffer and
+compares it with the ranges once, at the end of the forward (one clamp and one comparison, one
+host sync on CUDA); only a failed comparison computes the per-sample flags. With a region index
+per sample, the bounds of all nodes are gathered once per forward and each node reduces to the
+per-sample minima of `x - lo` and `hi - x`. Clip mode clamps each node to its range; a node
+whose only user is a ReLU is clamped to the ReLU's range `[max(lo, 0), max(hi, 0)]` after it,
+in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = clamp(h, lo+,
+hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
+output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
+
+Checksums. Detection also checks, for every monitored `nn.Linear` node, the column-checksum
+invariant `1^T y = (1^T W) x + 1^T b` with a rigorous floating-point tolerance computed from
+the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
+construction), it catches corrupted weights and outputs of the layer and -- recomputing the
+ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
+every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
 
 Limits. One input tensor; graph nodes that no fx node computes (helper nodes) are not
 monitored; activations other than ReLU-like ones are refused. Replacing a submodule of `net`
