@@ -358,3 +358,30 @@ def test_fused_clip_runs_hooks_and_clips_the_relu_output():
     assert hi < 1e6 and not torch.equal(faulty[2], clean[2])
     assert torch.equal(clipped[:2], clean[:2]) and torch.equal(clipped[3:], clean[3:])
     assert (clipped[2] - clean[2]).abs().max() < (faulty[2] - clean[2]).abs().max()
+
+
+def test_per_region_fault_is_flagged_and_clipped_in_its_sample_only():
+    """With a region index per sample, a value inside the hull of all regions but outside its
+    own region's range is flagged in that sample alone, and clipping (a second, clamping pass)
+    leaves the other samples bitwise unchanged; a NaN is flagged and clipped too."""
+    net, shape = make("mlp")
+    f64 = dict(dtype=torch.float64)
+    low_box = (torch.full(shape, -1.0, **f64), torch.full(shape, -0.5, **f64))
+    high_box = (torch.full(shape, 0.5, **f64), torch.full(shape, 1.0, **f64))
+    mon = monitor(net, [low_box, high_box])
+    x = torch.cat([uniform(low_box[0][None], low_box[1][None], 4, seed=1),
+                   uniform(high_box[0][None], high_box[1][None], 4, seed=2)])  # fmt: skip
+    region = torch.tensor([0] * 6 + [1] * 6)
+    lo = torch.minimum(mon.ranges["_0"][0][0], mon.ranges["_0"][0][1])
+    hi = torch.maximum(mon.ranges["_0"][1][0], mon.ranges["_0"][1][1])
+    gap = int(((hi - lo) > 0).nonzero()[0, 0])  # a neuron whose hull has room
+    with torch.no_grad():
+        clean = net(x)
+    for bad in (float(lo[gap] - 1.0), float("nan")):
+        with inject(net, [Fault("activation", "0", gap, value=bad, sample=7)]):
+            report = mon.check(net, x, region=region)
+            with torch.no_grad():
+                clipped = mon.wrap(net, "clip")(x, region)
+        assert report.flagged.tolist() == [i == 7 for i in range(12)]
+        assert torch.equal(clipped[:7], clean[:7]) and torch.equal(clipped[8:], clean[8:])
+        assert torch.isfinite(clipped).all()

@@ -134,7 +134,9 @@ class _Checker:
     one range per feature (one region, or the hull) keeps each node's per-feature extremes
     over the batch in preallocated buffers and compares them all once in `end`; only then, if
     something failed, does it compute per-sample flags. With a region index per sample the
-    bounds of all nodes are gathered once per forward. Clamps propagate NaN (one op per
+    bounds of all nodes are gathered once per forward for clipping; detection reduces each node
+    to per-region extremes over the batch (`index_reduce`) and compares them with the regions'
+    ranges once. Clamps propagate NaN (one op per
     node); a NaN output makes `MonitoredNet` rerun the forward with NaN-safe clamps."""
 
     def __init__(self, lower, upper, shapes, action: str, hazard, names, keep: bool,
@@ -160,8 +162,25 @@ class _Checker:
         self.min_views = [self._view(self.mins, k) for k in range(len(names))]
         self.max_views = [self._view(self.maxs, k) for k in range(len(names))]
         self.regions = int(lower[0].shape[0])
-        self.table = torch.cat([_flat(lower, shapes), _flat(upper, shapes)], 1)  # [R, 2 total]
-        self._margins: dict[int, Tensor] = {}
+        table_lo, table_hi = _flat(lower, shapes), _flat(upper, shapes)  # [R, total] each
+        self.table = torch.cat([table_lo, table_hi], 1)  # gathered per sample for clipping
+        # the regions' extremes over the batch: one flat buffer per side, node by node a
+        # contiguous `[R, n_k]` block (scatter_reduce into strided views is slow); the bounds
+        # laid out alike
+        blocks = [self._view(t, k).reshape(self.regions, -1) for t in (table_lo, table_hi)
+                  for k in range(len(names))]  # fmt: skip
+        count = len(names)
+        self.block_lo = torch.cat([b.reshape(-1) for b in blocks[:count]])
+        self.block_hi = torch.cat([b.reshape(-1) for b in blocks[count:]])
+        self.block_min, self.block_max = (
+            torch.empty_like(self.block_lo),
+            torch.empty_like(self.block_hi),
+        )
+        cuts = [self.regions * o for o in self.offsets]
+        self.region_min = [self.block_min[cuts[k] : cuts[k + 1]].view(self.regions, -1)
+                           for k in range(count)]  # fmt: skip
+        self.region_max = [self.block_max[cuts[k] : cuts[k + 1]].view(self.regions, -1)
+                           for k in range(count)]  # fmt: skip
 
     def _view(self, flat: Tensor, k: int) -> Tensor:
         return flat[..., self.offsets[k] : self.offsets[k + 1]].unflatten(-1, self.shapes[k])
@@ -171,16 +190,17 @@ class _Checker:
         self.batch, self.region = batch, region
         self.mode = "shared" if self.regions == 1 or (region is None and not self.detect) else (
             "sample" if region is not None else "union")  # fmt: skip
-        self.raw, self.bad, self.inside = [None] * count, [None] * count, [None] * count
+        self.raw, self.inside = [None] * count, [None] * count
         self.values = {} if self.keep else None
         if self.mode == "sample":
-            gathered = self.table.index_select(0, region)
-            total = self.offsets[-1]
-            self.g_lo, self.g_hi = gathered[:, :total], gathered[:, total:]
-            if batch not in self._margins:  # per sample and node: min of x - lo, of hi - x
-                self._margins = {batch: torch.empty(2, count, batch, dtype=self.table.dtype,
-                                                    device=self.table.device)}  # fmt: skip
-            self.margins = self._margins[batch]
+            if self.safe:  # the rerun clamps to per-sample bounds
+                gathered = self.table.index_select(0, region)
+                total = self.offsets[-1]
+                self.g_lo, self.g_hi = gathered[:, :total], gathered[:, total:]
+            else:  # the first pass only records (clipping changes nothing if all is inside)
+                self.block_min.fill_(float("inf"))
+                self.block_max.fill_(-float("inf"))
+        self.rerun = False
         if self.detect and self.sums is not None:
             self.sums.begin(batch)
 
@@ -197,32 +217,37 @@ class _Checker:
             torch.amin(flat, 0, out=self.min_views[k])
             torch.amax(flat, 0, out=self.max_views[k])
             self.raw[k] = x.clone() if self.hazard[k] else x
-        elif mode == "sample":  # float reductions (comparisons into bool tensors cost more)
-            flat, rows = x.detach().reshape(x.shape[0], -1), self.offsets[k : k + 2]
-            torch.amin(flat - self.g_lo[:, rows[0] : rows[1]], 1, out=self.margins[0, k])
-            torch.amin(self.g_hi[:, rows[0] : rows[1]] - flat, 1, out=self.margins[1, k])
+        elif mode == "sample":  # per-region extremes over the batch (NaN propagates)
+            flat = x.detach().reshape(x.shape[0], -1)
+            index = self.region[:, None].expand_as(flat)
+            self.region_min[k].scatter_reduce_(0, index, flat, "amin")
+            self.region_max[k].scatter_reduce_(0, index, flat, "amax")
+            self.raw[k] = x.clone() if self.hazard[k] else x
         else:
             low, high = self.lower[k][None], self.upper[k][None]
             both = (x[:, None] >= low) & (x[:, None] <= high)
             self.inside[k] = both.reshape(x.shape[0], self.regions, -1).all(2)
 
+    def _recording(self) -> bool:
+        return self.detect or (self.mode == "sample" and not self.safe)
+
     def check(self, x: Tensor, k: int) -> Tensor:
-        if self.detect:
+        if self._recording():
             self._record(x, k)
         if self.keep:
             self.values[self.names[k]] = x.clone() if self.hazard[k] else x
-        if not self.clip:
+        if not self.clip or (self.mode == "sample" and not self.safe):
             return x
         lo, hi = self._bounds(k)
         return _clamp(x, lo, hi) if self.safe else torch.clamp(x, lo, hi)
 
     def check_relu(self, h: Tensor, k: int, j: int) -> Tensor:
-        if self.detect:
+        if self._recording():
             self._record(h, k)
         if self.keep:
             self.values[self.names[k]] = h.clone() if self.hazard[k] else h
         module = self.relus[j]
-        if not self.clip:
+        if not self.clip or (self.mode == "sample" and not self.safe):
             return module(h)
         value = module(h) if _hooked(module) else h  # hooks (an injected fault) see the ReLU
         if self.mode == "sample":  # relu(clamp(v, lo, hi)) = clamp(v, lo+, hi+) = relu(v) clipped
@@ -232,17 +257,23 @@ class _Checker:
         return _clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)
 
     def end(self, output: Tensor) -> MonitorReport:
-        names = self.names
+        """The report of the pass; sets `rerun` when clipping needs a second, clamping pass
+        (per-sample regions with a value outside its range; a NaN past the fast clamps)."""
+        names, sums = self.names, self.sums
+        if self.clip and not self.safe:
+            if self.mode == "sample":
+                self.rerun = not self._regions_inside()
+            else:
+                self.rerun = bool(torch.isnan(output).any())
         if not self.detect:
             return self._clean(output)
-        sums = self.sums
         if self.mode == "union":
             return self._union_report(output)
-        if self.mode == "sample":  # fl(x - lo) >= 0 exactly when x >= lo; NaN fails
-            margin = self.margins.amin()
-            if bool(margin >= 0) and (sums is None or sums.holds()):
+        if self.mode == "sample":
+            ranges_ok = not self.rerun if self.clip else self._regions_inside()
+            if ranges_ok and (sums is None or sums.holds()):
                 return self._clean(output)
-            flags = ~(self.margins >= 0).all(0).T
+            flags = self._sample_flags()
             if sums is not None:
                 flags = self._add_sums(flags)
         else:
@@ -268,6 +299,20 @@ class _Checker:
         flags = flags.clone()
         flags[:, index] |= self.sums.flags()
         return flags
+
+    def _regions_inside(self) -> bool:
+        """Every region's extremes inside its ranges: `fl(min - lo) >= 0` exactly when
+        `min >= lo` (NaN fails; regions without samples keep `+-inf`: inside)."""
+        low = torch.sub(self.block_min, self.block_lo).amin()
+        return bool(torch.minimum(low, torch.sub(self.block_hi, self.block_max).amin()) >= 0)
+
+    def _sample_flags(self) -> Tensor:
+        rows = []
+        for k, x in enumerate(self.raw):
+            lo = self.lower[k].index_select(0, self.region)
+            hi = self.upper[k].index_select(0, self.region)
+            rows.append(~(_excess(x, lo, hi) <= 0))
+        return torch.stack(rows, 1)
 
     def _shared_flags(self) -> Tensor:
         rows = [
@@ -364,14 +409,16 @@ class MonitoredNet(nn.Module):
         checker, index = self._checker, self._region(region, x)
         checker.begin(x.shape[0], index)
         y = self.module(x)
-        if checker.clip and bool(torch.isnan(y).any()):  # a NaN passed the fast clamps
+        report = checker.end(y)
+        if checker.rerun:  # clipping needs a clamping pass: NaN-safe, per-sample bounds
             checker.safe = True
             try:
                 checker.begin(x.shape[0], index)
                 y = self.module(x)
             finally:
                 checker.safe = False
-        return y, checker.end(y)
+            report.output = y
+        return y, report
 
     def forward(self, x: Tensor, region: Any = None) -> Tensor:
         y, self.report = self.run(x, region)
