@@ -47,11 +47,12 @@ from verify.monitor import Box, monitor
 MNIST = DATA / "vnncomp2022" / "mnist_fc" / "onnx"
 NOTES = """\
 Columns: SDC rate = trials whose top-1 class changed; detected SDC = share of those flagged by
-each method (ours: the verified CROWN ranges; profiled: per-layer min/max over the profiling
-rows, Ranger-like; fix6 / fix100: an activation outside +-6 / +-100); FP = fault-free
-held-out inputs flagged (box rows: the 50 held-out test images; ball rows: the held-out inputs
-and 20 random points of each ball; digits: the 597 test images); accuracy recovered = top-1
-accuracy of the clipped faulty network over the fault-free accuracy on the same inputs.
+each method (ours: the verified CROWN ranges and the checksums of the linear layers; profiled:
+per-layer min/max over the profiling rows, Ranger-like; fix6 / fix100: an activation outside
++-6 / +-100); FP = fault-free held-out inputs flagged (box rows: the 50 held-out test images;
+ball rows: the held-out inputs and 20 random points of each ball; digits: the 597 test
+images); accuracy recovered = top-1 accuracy of the clipped faulty network over the
+fault-free accuracy on the same inputs.
 Faults: "bitflip any/exponent" = one bit of a float32 word (uniform over all bits / the 8
 exponent bits); "value" = one element replaced by U[-1000, 1000]; "exponent-model" = one
 element's exponent field replaced by another (Ma et al. 2023). Weights: uniform over all
@@ -59,6 +60,8 @@ parameter elements; activations: uniform over the elements of every Linear/Conv/
 of one input. Latency: this thread's CPU time per call, plain module vs wrapped, interleaved
 call by call, median of 5 blocks (batch 1: 400 calls, 256: 40); 1 thread, on a 2-core machine
 shared with other jobs (their cache traffic inflates every extra pass over the activations).
+detect: ranges and checksums (the campaign's "ours"); detect-ranges: the range checks alone;
+clip: ranges only (fused with the ReLUs); both: detect and clip.
 """
 ROWS = ("mnist256x2_box", "mnist256x2_ball", "mnist256x6_box", "mnist256x6_ball",
         "cifar_base_ball", "digits_box")  # fmt: skip
@@ -162,9 +165,12 @@ def latency(bench: Bench, held: torch.Tensor) -> dict:
         x = bench.inputs[pick]
         region = None if bench.region is None else bench.region[pick]
         calls = 400 if batch == 1 else 40
-        for action, nodes in (("detect", "affine"), ("clip", "affine"), ("both", "affine"),
-                              ("detect", "all")):  # fmt: skip
-            wrapped = bench.monitor.wrap(bench.net, action, nodes=nodes)
+        variants = (("detect", "affine"), ("detect-ranges", "affine"), ("clip", "affine"),
+                    ("both", "affine"), ("detect", "all"))  # fmt: skip
+        for action, nodes in variants:
+            sums = action != "detect-ranges"  # detect-ranges: the range checks alone
+            wrapped = bench.monitor.wrap(bench.net, action.split("-")[0], nodes=nodes,
+                                         checksums=sums)  # fmt: skip
             key = f"b{batch}_{action}_{nodes}"
             out[key] = paired_latency(bench.net, wrapped, x, region, calls)
     return out
@@ -249,11 +255,11 @@ def main() -> None:
         results[row], more = run_row(row, args.trials, args.extra)
         curves.update(more)
         print(table({row: results[row]}), flush=True)
-    payload = {"trials": args.trials, "extra": args.extra, "threads": 1,
-               "machine": "shared CPU (2 cores, other jobs running)", "rows": results}  # fmt: skip
-    write_json(f"{args.name}.json", payload)
-    text = table(results)
-    (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
+        payload = {"trials": args.trials, "extra": args.extra, "threads": 1, "rows": results,
+                   "machine": "shared CPU (2 cores, other jobs running)"}  # fmt: skip
+        write_json(f"{args.name}.json", payload)  # after every row: a partial run keeps its rows
+        text = table(results)
+        (RESULTS / f"{args.name}.md").write_text(f"# SDC campaign\n\n{NOTES}\n{text}")
     plot_by_bit(curves, RESULTS / f"{args.name}.png")
     print(text)
 

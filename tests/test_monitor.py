@@ -269,3 +269,119 @@ def test_tf32_ranges_contain_the_float32_ranges():
         assert (tf32.ranges[node][0] <= f32.ranges[node][0]).all()
         assert (tf32.ranges[node][1] >= f32.ranges[node][1]).all()
     assert (tf32.ranges["_7"][1] > f32.ranges["_7"][1]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_checksums_hold_for_any_input(name, dtype):
+    """The checksum invariants are proven for every input, not only the domain's: with the
+    ranges out of the way (unbounded baseline ranges), inputs far outside the box, PGD points
+    and large-magnitude noise never fail them."""
+    net, shape = make(name, dtype=dtype)
+    lower, upper = box_of(shape, dtype)
+    mon = monitor(net, Box(lower[0], upper[0]))
+    assert mon.sums or name in ("residual",)  # every zoo net but one has a checked nn.Linear
+    free = {n: (-float("inf"), float("inf")) for n in mon.affine}
+    wrapped = mon.wrap(net, "detect", ranges=free)
+    gen = torch.Generator().manual_seed(7)
+    wild = torch.randn(600, *shape, dtype=dtype, generator=gen) * torch.logspace(
+        -3, 3, 600, dtype=dtype
+    ).reshape(-1, *[1] * len(shape))
+    points = torch.cat([wild, uniform(lower, upper, 500), pgd_extremes(mon, net, lower, upper)])
+    with torch.no_grad():
+        report = wrapped.run(points)[1]
+    assert not report.flagged.any(), report.first_node
+
+
+def _in_range_relu_fault(mon, net, x, site: str, node: str, bit: int):
+    """A mantissa flip of ReLU module `site`'s output on sample 0 (at the positive value farthest
+    below its upper bound) that keeps the value inside the certified range of `node`."""
+    with torch.no_grad():
+        values = mon.wrap(net, nodes="all", keep_values=True).run(x)[1].values[node][0]
+    lo, hi = mon.ranges[node]
+    room = torch.where(values > 0, hi[0] - values, -1.0).reshape(-1)
+    index = int(room.argmax())
+    fault = Fault("activation", site, index, xor=1 << bit, sample=0)
+    flipped = values.clone().reshape(-1)
+    flipped.view(torch.int64)[index] ^= 1 << bit
+    assert lo.reshape(-1)[index] <= flipped[index] <= hi.reshape(-1)[index]
+    return fault
+
+
+def test_checksum_detects_an_in_range_fault_of_an_activation():
+    """A mantissa flip of a ReLU output stays inside every range, yet the next layer's checksum
+    (computed from the recomputed ReLU of the pre-activation) fails, at that layer's node."""
+    net, shape = make("mlp")
+    lower, upper = box_of(shape, torch.float64)
+    mon = monitor(net, Box(lower[0], upper[0]))
+    x = uniform(lower, upper, 6, seed=4)
+    fault = _in_range_relu_fault(mon, net, x, "1", "_1", 49)  # the first ReLU's output
+    with inject(net, [fault]):
+        ranges_only = mon.wrap(net, "detect", checksums=False)
+        with torch.no_grad():
+            ranges_report = ranges_only.run(x)[1]
+        report = mon.check(net, x)
+    assert not ranges_report.flagged.any()
+    assert report.flagged.tolist() == [True] + [False] * (len(x) - 1)
+    assert report.first_node[0] == "_2"
+
+
+def test_checksum_detects_an_in_range_weight_fault():
+    net, shape = make("deep_mlp")
+    lower, upper = box_of(shape, torch.float64)
+    mon = monitor(net, Box(lower[0], upper[0]))
+    x = uniform(lower, upper, 32, seed=6)
+    fault = Fault("weight", "4.weight", 3, xor=1 << 50)  # a mantissa bit: a small change
+    with inject(net, [fault]):
+        with torch.no_grad():
+            ranges_report = mon.wrap(net, "detect", checksums=False).run(x)[1]
+        report = mon.check(net, x)
+    assert not ranges_report.flagged.any()
+    assert report.flagged.any()
+    assert {n for n in report.first_node if n} == {"_4"}
+
+
+def test_fused_clip_runs_hooks_and_clips_the_relu_output():
+    """Clip fuses ReLU and clamp when the ReLU runs no hooks; with a hook (an injected fault in
+    the ReLU's output) the module runs and its output is clamped to the ReLU's range."""
+    net, shape = make("mlp")
+    lower, upper = box_of(shape, torch.float64)
+    mon = monitor(net, Box(lower[0], upper[0]))
+    x = uniform(lower, upper, 8, seed=1)
+    clip = mon.wrap(net, "clip")
+    with torch.no_grad():
+        clean = net(x)
+        assert torch.equal(clip(x), clean)
+        with inject(net, [Fault("activation", "1", 0, value=1e6, sample=2)]):
+            faulty, clipped = net(x), clip(x)
+    hi = mon.ranges["_1"][1].reshape(-1)[0]
+    assert hi < 1e6 and not torch.equal(faulty[2], clean[2])
+    assert torch.equal(clipped[:2], clean[:2]) and torch.equal(clipped[3:], clean[3:])
+    assert (clipped[2] - clean[2]).abs().max() < (faulty[2] - clean[2]).abs().max()
+
+
+def test_per_region_fault_is_flagged_and_clipped_in_its_sample_only():
+    """With a region index per sample, a value inside the hull of all regions but outside its
+    own region's range is flagged in that sample alone, and clipping (a second, clamping pass)
+    leaves the other samples bitwise unchanged; a NaN is flagged and clipped too."""
+    net, shape = make("mlp")
+    f64 = dict(dtype=torch.float64)
+    low_box = (torch.full(shape, -1.0, **f64), torch.full(shape, -0.5, **f64))
+    high_box = (torch.full(shape, 0.5, **f64), torch.full(shape, 1.0, **f64))
+    mon = monitor(net, [low_box, high_box])
+    x = torch.cat([uniform(low_box[0][None], low_box[1][None], 4, seed=1),
+                   uniform(high_box[0][None], high_box[1][None], 4, seed=2)])  # fmt: skip
+    region = torch.tensor([0] * 6 + [1] * 6)
+    lo = torch.minimum(mon.ranges["_0"][0][0], mon.ranges["_0"][0][1])
+    hi = torch.maximum(mon.ranges["_0"][1][0], mon.ranges["_0"][1][1])
+    gap = int(((hi - lo) > 0).nonzero()[0, 0])  # a neuron whose hull has room
+    with torch.no_grad():
+        clean = net(x)
+    for bad in (float(lo[gap] - 1.0), float("nan")):
+        with inject(net, [Fault("activation", "0", gap, value=bad, sample=7)]):
+            report = mon.check(net, x, region=region)
+            with torch.no_grad():
+                clipped = mon.wrap(net, "clip")(x, region)
+        assert report.flagged.tolist() == [i == 7 for i in range(12)]
+        assert torch.equal(clipped[:7], clean[:7]) and torch.equal(clipped[8:], clean[8:])
+        assert torch.isfinite(clipped).all()

@@ -27,10 +27,23 @@ into a `GraphModule` that shares its submodules, parameters and buffers (no copi
 injected into `net` afterwards reach it) and inserts a check call after each monitored node;
 fx generates straight-line Python, so a check costs its tensor ops and no hook dispatch (the
 fault injector's forward hooks on `net`'s submodules still run, before the check). Graph nodes
-carry the fx node names; each pairing is confirmed by value on probe inputs. Detect mode takes
-the per-feature min and max over the batch of each node and compares them all with the ranges
-once, at the end of the forward (one host sync on CUDA); only a failed comparison computes the
-per-sample flags. Clip mode clamps each node to its range (NaN becomes the lower end).
+carry the fx node names; each pairing is confirmed by value on probe inputs. Detect mode writes
+the per-feature min and max over the batch of each node into one preallocated buffer and
+compares it with the ranges once, at the end of the forward (one clamp and one comparison, one
+host sync on CUDA); only a failed comparison computes the per-sample flags. With a region index
+per sample, the bounds of all nodes are gathered once per forward and each node reduces to the
+per-sample minima of `x - lo` and `hi - x`. Clip mode clamps each node to its range; a node
+whose only user is a ReLU is clamped to the ReLU's range `[max(lo, 0), max(hi, 0)]` after it,
+in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = clamp(h, lo+,
+hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
+output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
+
+Checksums. Detection also checks, for every monitored `nn.Linear` node, the column-checksum
+invariant `1^T y = (1^T W) x + 1^T b` with a rigorous floating-point tolerance computed from
+the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
+construction), it catches corrupted weights and outputs of the layer and -- recomputing the
+ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
+every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
 
 Limits. One input tensor; graph nodes that no fx node computes (helper nodes) are not
 monitored; activations other than ReLU-like ones are refused. Replacing a submodule of `net`
@@ -69,6 +82,7 @@ from verify.monitor_check import (
     shared_trace,
 )
 from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
+from verify.monitor_sums import sum_checks
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -205,8 +219,11 @@ class Monitor:
     monitorable nodes in topological order; `affine`: those that are not activation outputs
     (the default set checked); `box`: the regions `[regions, *input_shape]` (float64)."""
 
-    def __init__(self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit) -> None:
+    def __init__(
+        self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit, sums
+    ) -> None:
         self.graph, self.box, self.bounds, self.ranges = graph, box, bounds, ranges
+        self.sums = sums  # node name -> SumCheck (verify.monitor_sums)
         self.unit = unit  # the unit roundoff of the inferences the ranges certify
         self.nodes, self.affine = tuple(nodes), tuple(affine)
         self.input_shape = tuple(input_shape)
@@ -266,6 +283,7 @@ class Monitor:
         nodes: str | Sequence[str] = "affine",
         ranges: dict[str, tuple[Any, Any]] | None = None,
         keep_values: bool = False,
+        checksums: bool = True,
     ) -> MonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -273,7 +291,9 @@ class Monitor:
         clamped to its range) or "both". `nodes`: "affine" (pre-activations, the output and
         any other affine node), "all" (activation outputs too) or a list of names. `ranges`:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
-        `[*shape]`). `keep_values`: the report keeps the raw value of every checked node."""
+        `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
+        `checksums`: detection also checks the checksum invariant of every checked linear
+        layer (`verify.monitor_sums`; a failure flags the layer's node)."""
         _choice(action, ACTIONS, "action")
         names = self.select(nodes)
         self.admit(net)
@@ -285,7 +305,8 @@ class Monitor:
             chosen = [_given_range(ranges, n, self.graph[n].shape, like) for n in names]
         gm = shared_trace(net)
         shapes = [self.graph[n].shape for n in names]
-        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values)
+        sums = [self.sums[n] for n in names if n in self.sums] if checksums else []
+        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums)
         return MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
 
     def check(
@@ -365,7 +386,10 @@ def monitor(
     affine = [n for n in nodes if not isinstance(graph[n].op, ActivationOp)]
     ranges = certified_ranges({n: bounds[n] for n in nodes}, {n: pads[n] for n in nodes},
                               dtype, granularity == "layer")  # fmt: skip
-    return Monitor(net, graph, box, bounds, ranges, nodes, affine, shape, unit)
+    sums = {}
+    if unit[0] == 0.0:  # rounded factors (TF32) are outside the checksums' error model
+        sums = sum_checks(net, shared_trace(net), graph, affine, bounds, unit[1])
+    return Monitor(net, graph, box, bounds, ranges, nodes, affine, shape, unit, sums)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
+from torch.nn.modules import module as _module_hooks
 
 from bounds.errors import (
     InvalidRegionError,
@@ -18,6 +19,7 @@ from bounds.errors import (
 )
 from bounds.graph import Graph
 from bounds.ops import ReshapeOp
+from verify.monitor_sums import SumRecorder, inplace_users
 
 
 class MonitorMismatchError(VerificationInputError):
@@ -106,74 +108,211 @@ def _excess(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
     return torch.maximum(above, (lo - x).reshape(rows, -1).amax(1))
 
 
-class _Checker:
-    """The per-node check called from the generated code: `check(x, k)` records (detect) and
-    returns `x` or its clamped value (clip). `begin`/`end` bracket one forward pass."""
+def _hooked(module: nn.Module) -> bool:
+    """Whether calling `module` runs hooks (then it is called, not fused away)."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or _module_hooks._global_forward_hooks
+        or _module_hooks._global_forward_pre_hooks
+    )
 
-    def __init__(self, lower, upper, shapes, action: str, hazard, names, keep: bool) -> None:
+
+def _flat(tensors: list[Tensor], shapes) -> Tensor:
+    """`[R, *shape_k]` tensors (or `[*shape_k]`: `R` = none) as one `[R, total]` table."""
+    return torch.cat([t.expand(t.shape[0], *s).reshape(t.shape[0], -1)
+                      for t, s in zip(tensors, shapes)], 1)  # fmt: skip
+
+
+class _Checker:
+    """The per-node checks called from the generated code; `begin`/`end` bracket a forward.
+
+    `check(x, k)` records node `k` (detect) and returns `x` or its clamp (clip);
+    `check_relu(h, k, j)` does the same for a node whose only user is a ReLU and returns the
+    ReLU's output, clamped to `[max(lo, 0), max(hi, 0)]` (for clip actions: one clamp in place
+    of the ReLU when it runs no hooks; `relu(clamp(h)) = clamp(h, lo+, hi+)`). Detection with
+    one range per feature (one region, or the hull) keeps each node's per-feature extremes
+    over the batch in preallocated buffers and compares them all once in `end`; only then, if
+    something failed, does it compute per-sample flags. With a region index per sample the
+    bounds of all nodes are gathered once per forward for clipping; detection reduces each node
+    to per-region extremes over the batch (`index_reduce`) and compares them with the regions'
+    ranges once. Clamps propagate NaN (one op per
+    node); a NaN output makes `MonitoredNet` rerun the forward with NaN-safe clamps."""
+
+    def __init__(self, lower, upper, shapes, action: str, hazard, names, keep: bool,
+                 relus, sums) -> None:  # fmt: skip
         self.lower, self.upper, self.names, self.hazard = lower, upper, names, hazard
         self.detect, self.clip, self.keep = action != "clip", action != "detect", keep
+        self.relus, self.sums, self.safe = relus, sums, False
+        self.shapes = [tuple(s) for s in shapes]
         self.hull_lo = [t.amin(0) for t in lower]
         self.hull_hi = [t.amax(0) for t in upper]
-        self.flat_lo = torch.cat([h.expand(s).reshape(-1) for h, s in zip(self.hull_lo, shapes)])
-        self.flat_hi = torch.cat([h.expand(s).reshape(-1) for h, s in zip(self.hull_hi, shapes)])
+        self.plus_lo = [t.clamp(min=0) for t in self.hull_lo]
+        self.plus_hi = [t.clamp(min=0) for t in self.hull_hi]
+        self.flat_lo = _flat([h[None] for h in self.hull_lo], shapes)[0]
+        self.flat_hi = _flat([h[None] for h in self.hull_hi], shapes)[0]
+        sizes = [int(torch.Size(s).numel()) for s in self.shapes]
+        self.offsets = [sum(sizes[:k]) for k in range(len(sizes))] + [sum(sizes)]
+        self.extremes = torch.empty(2, self.flat_lo.numel(), dtype=self.flat_lo.dtype,
+                                    device=self.flat_lo.device)  # fmt: skip
+        self.mins, self.maxs = self.extremes
+        inf = torch.full_like(self.flat_lo, float("inf"))
+        self.window_lo = torch.stack([self.flat_lo, -inf])  # the minima above lo, maxima any
+        self.window_hi = torch.stack([inf, self.flat_hi])
+        self.min_views = [self._view(self.mins, k) for k in range(len(names))]
+        self.max_views = [self._view(self.maxs, k) for k in range(len(names))]
         self.regions = int(lower[0].shape[0])
+        table_lo, table_hi = _flat(lower, shapes), _flat(upper, shapes)  # [R, total] each
+        self.table = torch.cat([table_lo, table_hi], 1)  # gathered per sample for clipping
+        # the regions' extremes over the batch: one flat buffer per side, node by node a
+        # contiguous `[R, n_k]` block (scatter_reduce into strided views is slow); the bounds
+        # laid out alike
+        blocks = [self._view(t, k).reshape(self.regions, -1) for t in (table_lo, table_hi)
+                  for k in range(len(names))]  # fmt: skip
+        count = len(names)
+        self.block_lo = torch.cat([b.reshape(-1) for b in blocks[:count]])
+        self.block_hi = torch.cat([b.reshape(-1) for b in blocks[count:]])
+        self.block_min, self.block_max = (
+            torch.empty_like(self.block_lo),
+            torch.empty_like(self.block_hi),
+        )
+        cuts = [self.regions * o for o in self.offsets]
+        self.region_min = [self.block_min[cuts[k] : cuts[k + 1]].view(self.regions, -1)
+                           for k in range(count)]  # fmt: skip
+        self.region_max = [self.block_max[cuts[k] : cuts[k + 1]].view(self.regions, -1)
+                           for k in range(count)]  # fmt: skip
+
+    def _view(self, flat: Tensor, k: int) -> Tensor:
+        return flat[..., self.offsets[k] : self.offsets[k + 1]].unflatten(-1, self.shapes[k])
 
     def begin(self, batch: int, region: Tensor | None) -> None:
         count = len(self.names)
         self.batch, self.region = batch, region
         self.mode = "shared" if self.regions == 1 or (region is None and not self.detect) else (
             "sample" if region is not None else "union")  # fmt: skip
-        self.mins, self.maxs, self.raw = [None] * count, [None] * count, [None] * count
-        self.inside, self.excess = [None] * count, [None] * count
+        self.raw, self.inside = [None] * count, [None] * count
         self.values = {} if self.keep else None
+        if self.mode == "sample":
+            if self.safe:  # the rerun clamps to per-sample bounds
+                gathered = self.table.index_select(0, region)
+                total = self.offsets[-1]
+                self.g_lo, self.g_hi = gathered[:, :total], gathered[:, total:]
+            else:  # the first pass only records (clipping changes nothing if all is inside)
+                self.block_min.fill_(float("inf"))
+                self.block_max.fill_(-float("inf"))
+        self.rerun = False
+        if self.detect and self.sums is not None:
+            self.sums.begin(batch)
 
-    def check(self, x: Tensor, k: int) -> Tensor:
+    def _bounds(self, k: int) -> tuple[Tensor, Tensor]:
+        if self.mode == "sample":
+            return self._view(self.g_lo, k), self._view(self.g_hi, k)
+        return self.hull_lo[k], self.hull_hi[k]
+
+    def _record(self, x: Tensor, k: int) -> None:
+        """Detection of node `k`."""
         mode = self.mode
         if mode == "shared":
-            lo, hi = self.hull_lo[k], self.hull_hi[k]
-            if self.detect:  # per-feature extremes over the batch; compared in `end`
-                if x.shape[0] == 1:
-                    self.mins[k] = self.maxs[k] = x.reshape(-1)
-                elif x.dim() == 2:
-                    self.mins[k], self.maxs[k] = x.amin(0), x.amax(0)
-                else:
-                    self.mins[k], self.maxs[k] = x.amin(0).reshape(-1), x.amax(0).reshape(-1)
-                self.raw[k] = x.clone() if self.hazard[k] else x
-        elif mode == "sample":
-            lo = self.lower[k].index_select(0, self.region)
-            hi = self.upper[k].index_select(0, self.region)
-            if self.detect:
-                self.excess[k] = _excess(x, lo, hi)
+            flat = x.detach()  # the buffers take no gradient
+            torch.amin(flat, 0, out=self.min_views[k])
+            torch.amax(flat, 0, out=self.max_views[k])
+            self.raw[k] = x.clone() if self.hazard[k] else x
+        elif mode == "sample":  # per-region extremes over the batch (NaN propagates)
+            flat = x.detach().reshape(x.shape[0], -1)
+            index = self.region[:, None].expand_as(flat)
+            self.region_min[k].scatter_reduce_(0, index, flat, "amin")
+            self.region_max[k].scatter_reduce_(0, index, flat, "amax")
+            self.raw[k] = x.clone() if self.hazard[k] else x
         else:
-            lo, hi = self.hull_lo[k], self.hull_hi[k]
-            if self.detect:
-                low, high = self.lower[k][None], self.upper[k][None]
-                both = (x[:, None] >= low) & (x[:, None] <= high)
-                self.inside[k] = both.reshape(x.shape[0], self.regions, -1).all(2)
+            low, high = self.lower[k][None], self.upper[k][None]
+            both = (x[:, None] >= low) & (x[:, None] <= high)
+            self.inside[k] = both.reshape(x.shape[0], self.regions, -1).all(2)
+
+    def _recording(self) -> bool:
+        return self.detect or (self.mode == "sample" and not self.safe)
+
+    def check(self, x: Tensor, k: int) -> Tensor:
+        if self._recording():
+            self._record(x, k)
         if self.keep:
             self.values[self.names[k]] = x.clone() if self.hazard[k] else x
-        return _clamp(x, lo, hi) if self.clip else x
+        if not self.clip or (self.mode == "sample" and not self.safe):
+            return x
+        lo, hi = self._bounds(k)
+        return _clamp(x, lo, hi) if self.safe else torch.clamp(x, lo, hi)
+
+    def check_relu(self, h: Tensor, k: int, j: int) -> Tensor:
+        if self._recording():
+            self._record(h, k)
+        if self.keep:
+            self.values[self.names[k]] = h.clone() if self.hazard[k] else h
+        module = self.relus[j]
+        if not self.clip or (self.mode == "sample" and not self.safe):
+            return module(h)
+        value = module(h) if _hooked(module) else h  # hooks (an injected fault) see the ReLU
+        if self.mode == "sample":  # relu(clamp(v, lo, hi)) = clamp(v, lo+, hi+) = relu(v) clipped
+            lo, hi = self._bounds(k)
+            return (_clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)).relu_()
+        lo, hi = self.plus_lo[k], self.plus_hi[k]
+        return _clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)
 
     def end(self, output: Tensor) -> MonitorReport:
-        batch, names = self.batch, self.names
-        if self.detect and self.mode == "union":
+        """The report of the pass; sets `rerun` when clipping needs a second, clamping pass
+        (per-sample regions with a value outside its range; a NaN past the fast clamps)."""
+        names, sums = self.names, self.sums
+        if self.clip and not self.safe:
+            if self.mode == "sample":
+                self.rerun = not self._regions_inside()
+            else:
+                self.rerun = bool(torch.isnan(output).any())
+        if not self.detect:
+            return self._clean(output)
+        if self.mode == "union":
             return self._union_report(output)
-        if self.detect and self.mode == "sample":
-            flags = ~(torch.stack(self.excess, 1) <= 0)  # NaN: flagged
-        elif self.detect and not self._shared_ok():
-            flags = self._shared_flags()
+        if self.mode == "sample":
+            ranges_ok = not self.rerun if self.clip else self._regions_inside()
+            if ranges_ok and (sums is None or sums.holds()):
+                return self._clean(output)
+            flags = self._sample_flags()
+            if sums is not None:
+                flags = self._add_sums(flags)
         else:
-            flags = torch.zeros(batch, len(names), dtype=torch.bool, device=output.device)
-            flagged = torch.zeros(batch, dtype=torch.bool, device=output.device)
-            return MonitorReport(flagged, [None] * batch, flags, names, output, self.values)
+            ext = self.extremes  # NaN fails the comparison
+            ranges_ok = torch.equal(torch.clamp(ext, self.window_lo, self.window_hi), ext)
+            if ranges_ok and (sums is None or sums.holds()):
+                return self._clean(output)
+            flags = self._shared_flags()
+            if sums is not None:
+                flags = self._add_sums(flags)
         flagged = flags.any(1)
         return MonitorReport(flagged, _first(flags, names), flags, names, output, self.values)
 
-    def _shared_ok(self) -> bool:
-        """Every node's extremes over the batch inside its range (NaN fails: not ok)."""
-        low = torch.cat(self.mins).ge(self.flat_lo).all()
-        return bool(low.logical_and_(torch.cat(self.maxs).le(self.flat_hi).all()))
+    def _clean(self, output: Tensor) -> MonitorReport:
+        batch, count = self.batch, len(self.names)
+        flags = torch.zeros(batch, count, dtype=torch.bool, device=output.device)
+        flagged = torch.zeros(batch, dtype=torch.bool, device=output.device)
+        return MonitorReport(flagged, [None] * batch, flags, self.names, output, self.values)
+
+    def _add_sums(self, flags: Tensor) -> Tensor:
+        """`flags [batch, nodes]` or-ed with the failed checksums, each at its node."""
+        index = self.sums.node_index
+        flags = flags.clone()
+        flags[:, index] |= self.sums.flags()
+        return flags
+
+    def _regions_inside(self) -> bool:
+        """Every region's extremes inside its ranges: `fl(min - lo) >= 0` exactly when
+        `min >= lo` (NaN fails; regions without samples keep `+-inf`: inside)."""
+        low = torch.sub(self.block_min, self.block_lo).amin()
+        return bool(torch.minimum(low, torch.sub(self.block_hi, self.block_max).amin()) >= 0)
+
+    def _sample_flags(self) -> Tensor:
+        rows = []
+        for k, x in enumerate(self.raw):
+            lo = self.lower[k].index_select(0, self.region)
+            hi = self.upper[k].index_select(0, self.region)
+            rows.append(~(_excess(x, lo, hi) <= 0))
+        return torch.stack(rows, 1)
 
     def _shared_flags(self) -> Tensor:
         rows = [
@@ -185,38 +324,65 @@ class _Checker:
         inside = torch.stack(self.inside, 1)  # [batch, nodes, regions]
         joint = torch.cummin(inside.to(torch.uint8), 1).values.bool()  # consistent so far
         lost = ~joint.any(2)  # [batch, nodes]: no region contains every value up to the node
-        first = _first(lost, self.names)
         flags = ~inside.any(2)
+        if self.sums is not None:  # a failed checksum fails every region from its node on
+            broken = self._add_sums(torch.zeros_like(flags))
+            flags, lost = flags | broken, lost | (broken.cumsum(1) > 0)
+        first = _first(lost, self.names)
         return MonitorReport(lost[:, -1], first, flags, self.names, output, self.values)
 
 
-def _inplace_users(node: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether a user of `node` may modify its value in place (then detect keeps a copy)."""
-    for user in node.users:
-        if user.op == "call_module" and getattr(gm.get_submodule(user.target), "inplace", False):
-            return True
-        name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
-        if user.kwargs.get("inplace") or (name.endswith("_") and not name.endswith("__")):
-            return True
-    return False
+def _fusable_relu(node: fx.Node, gm: fx.GraphModule) -> fx.Node | None:
+    """The ReLU that is the only user of `node` (a module of type nn.ReLU or torch.relu /
+    F.relu without keywords), or None."""
+    users = list(node.users)
+    if len(users) != 1:
+        return None
+    user = users[0]
+    if user.op == "call_module" and type(gm.get_submodule(user.target)) is nn.ReLU:
+        return user
+    relus = (torch.relu, nn.functional.relu)
+    if user.op == "call_function" and user.target in relus and not user.kwargs:
+        return user if len(user.args) == 1 else None
+    return None
 
 
-def make_checker(gm: fx.GraphModule, names, shapes, ranges, action: str, like: Tensor, keep: bool):
+def make_checker(gm: fx.GraphModule, names, shapes, ranges, action: str, like: Tensor, keep: bool,
+                 sums=()):  # fmt: skip
     """Inserts a check after each fx node of `names` (node shapes `shapes`, ranges
-    `[R, *shape]` or `[R, 1, ...]` each) into `gm`."""
+    `[R, *shape]` or `[R, 1, ...]` each) into `gm`, and the checksum records of `sums`
+    (`SumCheck`s of nodes among `names`; detect actions only)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     missing = [n for n in names if n not in by_name]
     if missing:
         raise MonitorMismatchError(f"the network computes no node {missing[0]!r}")
     lower = [r[0].to(like.device, like.dtype) for r in ranges]
     upper = [r[1].to(like.device, like.dtype) for r in ranges]
-    hazard = [_inplace_users(by_name[n], gm) for n in names]
-    checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep)
+    hazard = [inplace_users(by_name[n], gm) for n in names]
+    sums = list(sums) if action != "clip" else []
+    recorder = SumRecorder(sums, like, [names.index(c.node) for c in sums]) if sums else None
+    relus: list[nn.Module] = []
+    checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep, relus, recorder)
     for k, name in enumerate(names):
         node = by_name[name]
+        relu = _fusable_relu(node, gm)
+        if relu is not None and not hazard[k]:
+            module = gm.get_submodule(relu.target) if relu.op == "call_module" else torch.relu
+            relus.append(module if isinstance(module, nn.Module) else nn.ReLU())
+            with gm.graph.inserting_after(relu):
+                new = gm.graph.call_function(checker.check_relu, (node, k, len(relus) - 1))
+            relu.replace_all_uses_with(new)
+            gm.graph.erase_node(relu)
+            by_name[relu.name] = new
+            continue
         with gm.graph.inserting_after(node):
             new = gm.graph.call_function(checker.check, (node, k))
         node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
+    for j, check in enumerate(sums):
+        node, source = by_name[check.node], by_name[check.source]
+        anchor = next(iter(node.users))  # the node's check: record after it
+        with gm.graph.inserting_after(anchor):
+            gm.graph.call_function(recorder.record, (node, source, j))
     gm.graph.lint()
     gm.recompile()
     return checker
@@ -240,9 +406,19 @@ class MonitoredNet(nn.Module):
                                      f"[batch, *{self.input_shape}]")  # fmt: skip
         if x.dtype != self.dtype:
             raise ShapeMismatchError(f"x is {x.dtype}; the network is {self.dtype}")
-        self._checker.begin(x.shape[0], self._region(region, x))
+        checker, index = self._checker, self._region(region, x)
+        checker.begin(x.shape[0], index)
         y = self.module(x)
-        return y, self._checker.end(y)
+        report = checker.end(y)
+        if checker.rerun:  # clipping needs a clamping pass: NaN-safe, per-sample bounds
+            checker.safe = True
+            try:
+                checker.begin(x.shape[0], index)
+                y = self.module(x)
+            finally:
+                checker.safe = False
+            report.output = y
+        return y, report
 
     def forward(self, x: Tensor, region: Any = None) -> Tensor:
         y, self.report = self.run(x, region)
@@ -259,8 +435,9 @@ class MonitoredNet(nn.Module):
         if index.shape != (x.shape[0],):
             raise ShapeMismatchError(f"region has shape {tuple(index.shape)}; expected "
                                      f"[batch] = [{x.shape[0]}]")  # fmt: skip
-        bad = ((index < 0) | (index >= count)).nonzero()
-        if bad.numel():
+        low, high = torch.aminmax(index) if index.numel() else (index.new_zeros(()),) * 2
+        if int(low) < 0 or int(high) >= count:
+            bad = ((index < 0) | (index >= count)).nonzero()
             i = int(bad[0, 0])
             raise InvalidRegionError(f"region[{i}] = {int(index[i])} is out of range: the "
                                      f"monitor has {count} regions")  # fmt: skip
