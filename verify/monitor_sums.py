@@ -40,8 +40,7 @@ from torch import Tensor, fx, nn
 
 from bounds.graph import Graph
 from bounds.ops import LinearOp
-from bounds.types import Interval
-from verify.bab_common import rounded_down, rounded_up
+from bounds.types import Interval, rounded_down, rounded_up
 
 FLOAT64_UNIT = 2.0**-53
 _RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
