@@ -19,6 +19,7 @@ from bounds.methods.crown import (
     bound_in_chunks,
     crown_intervals,
     scatter_bounds,
+    unit_functionals,
     unstable_indices,
 )
 from bounds.methods.pacing import passed
@@ -38,11 +39,14 @@ def _tighten(
     if not index.numel():
         return current
 
-    def lower_bound(c: Tensor, offset: int, count: int) -> Tensor:
+    batch = box.lower.shape[0]
+    shape = graph[name].shape
+
+    def lower_bound(part: Tensor, offset: int) -> Tensor:
+        c = unit_functionals(part, shape, batch, box.lower)
         problem = problem_from_intervals(truncated, box, intervals, c)
         return solve(problem, initial_duals(problem))
 
-    batch = box.lower.shape[0]
     low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound, None, deadline)
     return scatter_bounds(current, index, low, up)
 

@@ -18,7 +18,8 @@ from torch import Tensor
 from bounds.errors import at_node
 from bounds.graph import Graph, Node, node_interval
 from bounds.methods.pacing import Pacer, passed
-from bounds.ops import ActivationOp, UnaryAffineOp
+from bounds.methods.patches import Patches, masked, read_windows, to_dense, unit_patches
+from bounds.ops import ActivationOp, ConvOp, MultiActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -36,11 +37,24 @@ ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk
 RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
 
 
+def pairing(A: Tensor, t: Tensor) -> Tensor:
+    """`A . t` per spec, `[batch, specs]`, for `t` broadcastable to `A [batch, specs, *shape]`;
+    a `t` shared by the specs (`[batch or 1, 1, *shape]`) is a matrix-vector product (no
+    `A`-sized temporary)."""
+    if t.dim() == A.dim() and t.shape[1] == 1 and t.shape[2:] == A.shape[2:]:
+        return (A.flatten(2) @ t.flatten(2).transpose(1, 2)).squeeze(-1)
+    return (A * t).flatten(2).sum(-1)
+
+
+def lower_over(A: Tensor, center: Tensor, radius: Tensor) -> Tensor:
+    """`min A . x` over the box `|x - center| <= radius` (broadcast against `A [batch, specs,
+    ...]`), shape `[batch, specs]`: `A . c - |A| . r`."""
+    return pairing(A, center) - pairing(A.abs(), radius)
+
+
 def concretize(A: Tensor, box: Interval) -> Tensor:
-    """`min_{x in box} A . x`, shape `[batch, specs]`: `A . c - |A| . r`."""
-    center = box.center.unsqueeze(1)
-    radius = box.radius.unsqueeze(1)
-    return (A * center - A.abs() * radius).flatten(2).sum(-1)
+    """`min_{x in box} A . x`, shape `[batch, specs]`."""
+    return lower_over(A, box.center.unsqueeze(1), box.radius.unsqueeze(1))
 
 
 def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
@@ -51,11 +65,9 @@ def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...]
         new_A = tuple(
             pos * low + neg * up for low, up in zip(lines.lower_slopes, lines.upper_slopes)
         )
-        intercepts = pos * lines.lower_intercept + neg * lines.upper_intercept
-        return new_A, intercepts.flatten(2).sum(-1)
-    new_A = pos * lines.lower_slope + neg * lines.upper_slope
-    bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
-    return new_A, bias
+    else:
+        new_A = pos * lines.lower_slope + neg * lines.upper_slope
+    return new_A, pairing(pos, lines.lower_intercept) + pairing(neg, lines.upper_intercept)
 
 
 def relaxation_bounds(graph: Graph, act: str, intervals: dict[str, Interval], unsqueeze=False):
@@ -83,6 +95,52 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
         return relax_backward(coeff, lines(node.name))
 
     return backward_pass(graph, start, A, box, relax)[0]
+
+
+def _window_step(graph: Graph, node: Node, relevant: set[str], p: Patches) -> bool:
+    """Whether the windows `p` on `node` go on through it: a convolution or a one-input
+    activation on a `[C, H, W]` node larger than the window, whose input has no other consumer
+    on the way to the start (`relevant`: its ancestors), so the functional there is complete."""
+    op = node.op
+    if not isinstance(op, ConvOp | ActivationOp) or isinstance(op, MultiActivationOp):
+        return False
+    if len(node.shape) != 3 or p.window[0] * p.window[1] >= node.shape[1] * node.shape[2]:
+        return False
+    users = [c.name for c in graph.consumers(node.inputs[0]) if c.name in relevant]
+    return users == [node.name]
+
+
+def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+    """Lower bounds `[batch, 2k]` of `+e_j` then `-e_j` for the flat neurons `index` of the
+    convolution `start`: `backward_bound` on `unit_functionals` (the same sums, in another
+    order), with the functionals kept as windows (`bounds.methods.patches`) through the
+    convolutions and elementwise activations below `start` and concretised at the input box
+    read at the windows. Where a node is not one of those, is no larger than its window, or
+    its input has another consumer on the way to `start` (`_window_step`), the windows become
+    the dense functional there and `backward_bound` goes on from it."""
+    relevant = graph.ancestors(start)
+    node = graph[start]
+    p = unit_patches(index, node.shape, box.lower.shape[0], box.lower)
+    total = p.values.new_zeros(p.values.shape[:2])
+    while node.op is not None:
+        if not _window_step(graph, node, relevant, p):
+            return total + backward_bound(graph, node.name, to_dense(p, node.shape), box, lines)
+        if isinstance(node.op, ConvOp):
+            bias = node.op.bias_term(p.values)
+            grown = node.op.adjoint_window(p.values.flatten(0, 1))
+            values = grown.reshape(*p.values.shape[:2], *grown.shape[1:])
+            p = masked(Patches(values, *node.op.window_origin(p.rows, p.cols)), node.op.in_shape)
+        else:
+            line = lines(node.name)
+            parts = (line.lower_slope, line.lower_intercept, line.upper_slope, line.upper_intercept)
+            windowed = LinearBounds(*(read_windows(t, p, node.shape) for t in parts))
+            values, bias = relax_backward(p.values, windowed)
+            p = Patches(values, p.rows, p.cols)
+        total = total + bias
+        node = graph[node.inputs[0]]
+    center = read_windows(box.center.unsqueeze(1), p, node.shape)
+    radius = read_windows(box.radius.unsqueeze(1), p, node.shape)
+    return total + lower_over(p.values, center, radius)
 
 
 def backward_pass(
@@ -154,14 +212,14 @@ def bound_in_chunks(
     step: int | None = None, deadline: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
-    functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(A, offset, count)` gives lower
-    bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`).
+    functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(part, offset)` gives lower
+    bounds `[batch, 2 count]` of `+e_j` then `-e_j` for the flat neurons `part =
+    index[offset:offset+count]` (e.g. `unit_functionals(part, ...)`, or `patch_bound`).
     `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside).
     `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
     `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed, or once the next one
     is predicted (from the last two) to end past it, are not bounded: their neurons get
     `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
-    shape = graph[node].shape
     step = step or neuron_chunk(graph, batch, index.numel())
     if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
         step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
@@ -174,7 +232,7 @@ def bound_in_chunks(
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
-        result = lower_bound(unit_functionals(part, shape, batch, like), offset, part.numel())
+        result = lower_bound(part, offset)
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
         stop = pacer is not None and pacer.done()
@@ -187,12 +245,19 @@ def bound_neurons(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
-    chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`)."""
-
-    def lower_bound(A: Tensor, offset: int, count: int) -> Tensor:
-        return backward_bound(graph, node, A, box, lines_for(offset, count))
-
+    chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`). The neurons
+    of a convolution are bounded in patches mode (`patch_bound`), others by `backward_bound` on
+    `unit_functionals`."""
     batch = box.lower.shape[0]
+    shape = graph[node].shape
+
+    def lower_bound(part: Tensor, offset: int) -> Tensor:
+        lines = lines_for(offset, part.numel())
+        if isinstance(graph[node].op, ConvOp):
+            return patch_bound(graph, node, part, box, lines)
+        A = unit_functionals(part, shape, batch, box.lower)
+        return backward_bound(graph, node, A, box, lines)
+
     return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
 
 

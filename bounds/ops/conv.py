@@ -87,6 +87,19 @@ class ConvOp(ChannelBiasConv):
             self.dilation,
         )
 
+    def adjoint_window(self, A: Tensor) -> Tensor:
+        """`L^T` on a functional `A [N, C_out, Mh, Mw]` on a window of the output, without
+        cropping: the functional on the input window of `(M - 1) s + d (k - 1) + 1` rows (and
+        columns) whose origin is the output window's origin times `s` minus `p`
+        (`window_origin`); positions outside the input are kept (the caller masks them)."""
+        return F.conv_transpose2d(
+            A, self.weight, None, self.stride, 0, 0, self.groups, self.dilation
+        )
+
+    def window_origin(self, rows: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
+        """The input window's origin (`adjoint_window`) for output windows at `rows`, `cols`."""
+        return rows * self.stride[0] - self.padding[0], cols * self.stride[1] - self.padding[1]
+
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ConvOp:
         bias = None if self.bias is None else self.bias.to(device, dtype)
         return ConvOp(
