@@ -19,7 +19,7 @@ from bounds.errors import at_node
 from bounds.graph import Graph, Node, node_interval
 from bounds.methods.pacing import Pacer, passed
 from bounds.methods.patches import Patches, masked, read_windows, to_dense, unit_patches
-from bounds.ops import ActivationOp, ConvOp, MultiActivationOp, UnaryAffineOp
+from bounds.ops import ActivationOp, ConvOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -97,17 +97,14 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
     return backward_pass(graph, start, A, box, relax)[0]
 
 
-def _window_step(graph: Graph, node: Node, relevant: set[str], p: Patches) -> bool:
+def _window_step(node: Node, p: Patches) -> bool:
     """Whether the windows `p` on `node` go on through it: a convolution or a one-input
-    activation on a `[C, H, W]` node larger than the window, whose input has no other consumer
-    on the way to the start (`relevant`: its ancestors), so the functional there is complete."""
-    op = node.op
-    if not isinstance(op, ConvOp | ActivationOp) or isinstance(op, MultiActivationOp):
+    activation on a `[C, H, W]` node larger than the window. (Every op on the way from the
+    start then has one input, so no other path reaches the nodes passed: their functionals are
+    complete when the windows pass them.)"""
+    if not isinstance(node.op, ConvOp | ActivationOp) or len(node.inputs) != 1:
         return False
-    if len(node.shape) != 3 or p.window[0] * p.window[1] >= node.shape[1] * node.shape[2]:
-        return False
-    users = [c.name for c in graph.consumers(node.inputs[0]) if c.name in relevant]
-    return users == [node.name]
+    return len(node.shape) == 3 and p.window[0] * p.window[1] < node.shape[1] * node.shape[2]
 
 
 def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
@@ -115,15 +112,14 @@ def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: L
     convolution `start`: `backward_bound` on `unit_functionals` (the same sums, in another
     order), with the functionals kept as windows (`bounds.methods.patches`) through the
     convolutions and elementwise activations below `start` and concretised at the input box
-    read at the windows. Where a node is not one of those, is no larger than its window, or
-    its input has another consumer on the way to `start` (`_window_step`), the windows become
-    the dense functional there and `backward_bound` goes on from it."""
-    relevant = graph.ancestors(start)
+    read at the windows. Where a node is not one of those or is no larger than its window
+    (`_window_step`), the windows become the dense functional there and `backward_bound` goes
+    on from it."""
     node = graph[start]
     p = unit_patches(index, node.shape, box.lower.shape[0], box.lower)
     total = p.values.new_zeros(p.values.shape[:2])
     while node.op is not None:
-        if not _window_step(graph, node, relevant, p):
+        if not _window_step(node, p):
             return total + backward_bound(graph, node.name, to_dense(p, node.shape), box, lines)
         if isinstance(node.op, ConvOp):
             bias = node.op.bias_term(p.values)

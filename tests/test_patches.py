@@ -1,0 +1,202 @@
+"""Patches mode (`bounds.methods.crown.patch_bound`): the same bounds as the dense backward
+pass on `unit_functionals`, for convolutions with strides, paddings, dilations, groups and
+rectangular kernels, with shared (CROWN) and per-spec (alpha-CROWN) lines and their gradients,
+through the dense fallback (a residual connection, a window as large as its node); and
+CROWN's intervals contain sampled values of every node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bounds.graph import build_graph
+from bounds.methods import crown
+from bounds.methods.crown import (
+    backward_bound,
+    crown_intervals,
+    default_lines,
+    needs_crown,
+    patch_bound,
+    relaxation_bounds,
+    unit_functionals,
+)
+from bounds.ops import ConvOp
+from bounds.types import Interval
+from tests.model_zoo import make
+from tests.soundness import assert_contains, box_samples, spec_values
+
+RTOL = 1e-9
+
+
+def _chain(*layers: nn.Module) -> nn.Sequential:
+    return nn.Sequential(*layers).double().eval()
+
+
+def _nets() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
+    torch.manual_seed(0)
+    return {
+        "stride_padding": (
+            _chain(
+                nn.Conv2d(2, 4, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Conv2d(4, 5, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(5, 3, 2, stride=2),
+            ),
+            (2, 11, 11),
+        ),
+        "dilation_groups": (
+            _chain(
+                nn.Conv2d(2, 4, 3, padding=2, dilation=2), nn.ReLU(),
+                nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU(),
+                nn.Conv2d(6, 4, 3, stride=2, padding=3, dilation=2, groups=2), nn.ReLU(),
+                nn.Conv2d(4, 2, 1),
+            ),
+            (2, 9, 10),
+        ),
+        "rectangular": (
+            _chain(
+                nn.Conv2d(3, 4, (3, 2), stride=(2, 1), padding=(1, 0)), nn.ReLU(),
+                nn.Conv2d(4, 4, (2, 3), stride=(1, 2), padding=(0, 2)), nn.Tanh(),
+                nn.Conv2d(4, 3, (3, 3), stride=(2, 3), padding=(2, 1)),
+            ),
+            (3, 12, 9),
+        ),
+        "avg_pool": (
+            _chain(
+                nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+                nn.Conv2d(3, 3, 3, padding=1), nn.Sigmoid(), nn.Conv2d(3, 2, 2, stride=2),
+            ),
+            (1, 12, 12),
+        ),
+        "window_fills_node": (  # windows reach the node's size: dense from there
+            _chain(
+                nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Conv2d(2, 2, 3, padding=1),
+                nn.ReLU(), nn.Conv2d(2, 2, 3, padding=1), nn.ReLU(), nn.Conv2d(2, 2, 3),
+            ),
+            (1, 5, 5),
+        ),
+        "residual": make("residual"),
+    }  # fmt: skip
+
+
+NETS = _nets()
+
+
+def _setup(name: str, batch: int = 2, eps: float = 0.3):
+    net, shape = NETS[name]
+    graph = build_graph(net, shape)
+    gen = torch.Generator().manual_seed(1)
+    center = torch.randn(batch, *shape, dtype=torch.float64, generator=gen)
+    box = Interval(center - eps, center + eps)
+    return net, graph, box, crown_intervals(graph, box)
+
+
+def _conv_targets(graph) -> list[str]:
+    names = [n for n in needs_crown(graph) if isinstance(graph[n].op, ConvOp)]
+    assert names, "the case has no convolution bounded by CROWN"
+    return names
+
+
+def _dense(graph, name, index, box, lines):
+    A = unit_functionals(index, graph[name].shape, box.lower.shape[0], box.lower)
+    return backward_bound(graph, name, A, box, lines)
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_patches_equal_dense_crown_lines(name):
+    _, graph, box, intervals = _setup(name)
+    lines = default_lines(graph, intervals)
+    for node in _conv_targets(graph):
+        index = torch.arange(int(torch.Size(graph[node].shape).numel()))
+        got = patch_bound(graph, node, index, box, lines)
+        want = _dense(graph, node, index, box, lines)
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
+
+
+def _alpha_lines(graph, intervals, specs: int, batch: int, seed: int):
+    """Lines with a random lower slope per spec and neuron (alpha-CROWN's), as leaf tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    alphas = {}
+    for act in graph.activations():
+        shape = (batch, specs, *act.shape)
+        alphas[act.name] = torch.rand(shape, dtype=torch.float64, generator=gen).requires_grad_()
+
+    def lines(act: str):
+        lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
+        relaxation = graph[act].op.relaxation
+        params = alphas[act] if relaxation.name == "relu" else None
+        return relaxation.linear_bounds(lower, upper, params)
+
+    return lines, alphas
+
+
+@pytest.mark.parametrize("name", ["stride_padding", "dilation_groups", "residual"])
+def test_patches_equal_dense_per_spec_lines_and_gradients(name):
+    _, graph, box, intervals = _setup(name)
+    for node in _conv_targets(graph):
+        numel = int(torch.Size(graph[node].shape).numel())
+        index = torch.randperm(numel, generator=torch.Generator().manual_seed(2))[: numel // 2]
+        lines, alphas = _alpha_lines(graph, intervals, 2 * index.numel(), 2, seed=3)
+        got = patch_bound(graph, node, index, box, lines)
+        want = _dense(graph, node, index, box, lines)
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
+        used = [a for a in alphas.values()]
+        weights = torch.linspace(-1, 2, got.numel(), dtype=got.dtype).reshape(got.shape)
+        g_got = torch.autograd.grad((got * weights).sum(), used, allow_unused=True)
+        g_want = torch.autograd.grad((want * weights).sum(), used, allow_unused=True)
+        for a, b in zip(g_got, g_want):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=RTOL, atol=RTOL)
+
+
+def test_chain_stays_in_windows(monkeypatch):
+    """A plain chain of convolutions and activations never builds a dense functional."""
+    _, graph, box, intervals = _setup("stride_padding")
+    lines = default_lines(graph, intervals)
+
+    def refuse(*args):
+        raise AssertionError("dense fallback on a chain")
+
+    monkeypatch.setattr(crown, "to_dense", refuse)
+    monkeypatch.setattr(crown, "unit_functionals", refuse)
+    for node in _conv_targets(graph):
+        patch_bound(graph, node, torch.arange(10), box, lines)
+
+
+@pytest.mark.parametrize("name", ["residual", "window_fills_node"])
+def test_fallback_is_taken(monkeypatch, name):
+    """A two-input op on the way (the residual sum) or a window filling its node goes dense."""
+    _, graph, box, intervals = _setup(name)
+    calls = []
+    original = crown.to_dense
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(crown, "to_dense", counted)
+    for node in _conv_targets(graph):
+        index = torch.arange(int(torch.Size(graph[node].shape).numel()))
+        patch_bound(graph, node, index, box, default_lines(graph, intervals))
+    assert calls
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_crown_bounds_contain_samples(name):
+    """CROWN's intervals of every node and its output bounds contain sampled values."""
+    net, graph, box, intervals = _setup(name, eps=0.5)
+    points = box_samples(box.lower, box.upper, 200)
+    batch, n = points.shape[:2]
+    flat = points.reshape(batch * n, *points.shape[2:])
+    values = graph.forward(flat, all_values=True)
+    for node in graph.nodes[1:]:
+        v = values[node.name].reshape(batch, n, -1)
+        iv = intervals[node.name]
+        assert (iv.lower.reshape(batch, 1, -1) <= v + 1e-9).all(), node.name
+        assert (v <= iv.upper.reshape(batch, 1, -1) + 1e-9).all(), node.name
+    outputs = int(torch.Size(graph.output.shape).numel())
+    C = torch.eye(outputs, dtype=torch.float64).expand(batch, outputs, outputs)
+    lower, upper, _ = crown.crown(graph, box, C)
+    with torch.no_grad():
+        assert_contains(lower, upper, spec_values(net, points, C))
