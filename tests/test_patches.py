@@ -12,6 +12,13 @@ from torch import nn
 
 from bounds.graph import build_graph
 from bounds.methods import crown
+from bounds.methods.alpha_crown import (
+    AlphaCrownConfig,
+    _chunk_lines,
+    _init_alphas,
+    _Problem,
+    alpha_crown,
+)
 from bounds.methods.crown import (
     backward_bound,
     crown_intervals,
@@ -20,7 +27,11 @@ from bounds.methods.crown import (
     patch_bound,
     relaxation_bounds,
     unit_functionals,
+    unstable_indices,
+    window_lines,
+    windowed_activations,
 )
+from bounds.methods.patches import to_dense
 from bounds.ops import ConvOp
 from bounds.types import Interval
 from tests.model_zoo import make
@@ -75,6 +86,14 @@ def _nets() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
             ),
             (1, 5, 5),
         ),
+        "sigmoid_chain": (
+            _chain(
+                nn.Conv2d(2, 3, 3, padding=1), nn.Sigmoid(),
+                nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Tanh(),
+                nn.Conv2d(4, 3, 3, padding=1), nn.Sigmoid(), nn.Conv2d(3, 2, 2),
+            ),
+            (2, 10, 10),
+        ),
         "residual": make("residual"),
     }  # fmt: skip
 
@@ -121,16 +140,19 @@ def _alpha_lines(graph, intervals, specs: int, batch: int, seed: int):
         shape = (batch, specs, *act.shape)
         alphas[act.name] = torch.rand(shape, dtype=torch.float64, generator=gen).requires_grad_()
 
-    def lines(act: str):
+    def lines(act: str, windows=None):
         lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
         relaxation = graph[act].op.relaxation
         params = alphas[act] if relaxation.name == "relu" else None
-        return relaxation.linear_bounds(lower, upper, params)
+        line = relaxation.linear_bounds(lower, upper, params)
+        return line if windows is None else window_lines(line, windows, graph[act].shape)
 
     return lines, alphas
 
 
-@pytest.mark.parametrize("name", ["stride_padding", "dilation_groups", "residual"])
+@pytest.mark.parametrize(
+    "name", ["stride_padding", "dilation_groups", "residual", "avg_pool", "rectangular"]
+)
 def test_patches_equal_dense_per_spec_lines_and_gradients(name):
     _, graph, box, intervals = _setup(name)
     for node in _conv_targets(graph):
@@ -200,3 +222,80 @@ def test_crown_bounds_contain_samples(name):
     lower, upper, _ = crown.crown(graph, box, C)
     with torch.no_grad():
         assert_contains(lower, upper, spec_values(net, points, C))
+
+
+def _alpha_problem(graph, box, intervals):
+    targets = {n: unstable_indices(graph, n, intervals[n]) for n in needs_crown(graph)}
+    targets = {n: index for n, index in targets.items() if index.numel()}
+    chunks = {n: index.numel() for n, index in targets.items()}
+    outputs = int(torch.Size(graph.output.shape).numel())
+    C = torch.eye(outputs, dtype=torch.float64).expand(box.lower.shape[0], outputs, outputs)
+    return _Problem(graph, box, C, intervals, targets, (), chunks)
+
+
+@pytest.mark.parametrize("name", ["stride_padding", "sigmoid_chain", "avg_pool"])
+def test_window_slopes_equal_dense_slopes(monkeypatch, name):
+    """alpha-CROWN's slopes on the windows (`_init_alphas`) give each convolution's bounds and
+    their gradients of the dense slopes (scattered back, zero outside the windows)."""
+    _, graph, box, intervals = _setup(name)
+    problem = _alpha_problem(graph, box, intervals)
+    windowed = _init_alphas(problem)
+    with monkeypatch.context() as m:
+        m.setattr(crown, "_window_step", lambda node, w: False)
+        dense = _init_alphas(problem)
+    checked = 0
+    for start in _conv_targets(graph):
+        index = problem.targets.get(start)
+        if index is None:
+            continue
+        results, grads = [], []
+        for alphas, patch in ((windowed, True), (dense, False)):
+            with monkeypatch.context() as m:
+                if not patch:
+                    m.setattr(crown, "_window_step", lambda node, w: False)
+                lines = _chunk_lines(problem, intervals, alphas, start)(0, index.numel())
+                result = patch_bound(graph, start, index, box, lines)
+            keys = [k for k in alphas if k[0] == start]
+            weights = torch.linspace(-1, 2, result.numel(), dtype=result.dtype)
+            total = (result * weights.reshape(result.shape)).sum()
+            results.append(result)
+            grads.append(dict(zip(keys, torch.autograd.grad(total, [alphas[k] for k in keys]))))
+        torch.testing.assert_close(results[0], results[1], rtol=RTOL, atol=RTOL)
+        windows = windowed_activations(graph, start, index)
+        for key, want in grads[1].items():
+            got = grads[0][key]
+            if key[1] in windows:  # [B, 2, k, C, Mh, Mw, ...] -> dense
+                act = graph[key[1]]
+                batch, specs = got.shape[0], 2 * index.numel()
+                flat = got.reshape(batch, specs, *got.shape[3:6], -1).movedim(-1, 1)
+                flat = flat.reshape(-1, specs, *got.shape[3:6])
+                scattered = to_dense(flat, windows[key[1]], act.shape)
+                got = scattered.reshape(batch, -1, specs, *act.shape).movedim(1, -1)
+                got = got.reshape(want.shape)
+                checked += 1
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
+    assert checked, "no slopes on windows"
+
+
+@pytest.mark.parametrize("name", ["stride_padding", "dilation_groups"])
+def test_alpha_crown_windows_equal_dense(monkeypatch, name):
+    """alpha-CROWN with its intermediate slopes on the windows gives the dense run's bounds
+    (slopes outside the windows get no gradient, so Adam never moves them). Two steps: Adam
+    divides each gradient by its own size, so a gradient that is zero in one summation order
+    and a rounding residue (1e-17) in the other moves a slope by up to `lr * 1e-9` per step;
+    over many steps the two runs drift apart by more than rounding (1e-8 after 6 steps here),
+    both valid; so do kinks of a relaxation (an S-shape's case split) that a bound equal up to
+    rounding falls on either side of."""
+    _, graph, box, _ = _setup(name)
+    outputs = int(torch.Size(graph.output.shape).numel())
+    C = torch.eye(outputs, dtype=torch.float64).expand(2, outputs, outputs)
+    config = AlphaCrownConfig(iterations=2, lr=0.2, compile=False)
+    windows = alpha_crown(graph, box, C, config)
+    monkeypatch.setattr(crown, "_window_step", lambda node, w: False)
+    dense = alpha_crown(graph, box, C, config)
+    assert windows[3]["iterations"] == dense[3]["iterations"]
+    for got, want in zip(windows[:2], dense[:2]):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
+    for node in graph.nodes:
+        torch.testing.assert_close(windows[2][node.name].lower, dense[2][node.name].lower)
+        torch.testing.assert_close(windows[2][node.name].upper, dense[2][node.name].upper)

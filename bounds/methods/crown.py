@@ -10,7 +10,7 @@ ambiguous; the intersection of both is kept).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -18,7 +18,14 @@ from torch import Tensor
 from bounds.errors import at_node
 from bounds.graph import Graph, Node, node_interval
 from bounds.methods.pacing import Pacer, passed
-from bounds.methods.patches import Patches, masked, read_windows, to_dense, unit_patches
+from bounds.methods.patches import (
+    Windows,
+    masked,
+    read_windows,
+    to_dense,
+    unit_values,
+    unit_windows,
+)
 from bounds.ops import ActivationOp, ConvOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
@@ -32,7 +39,9 @@ MAX_FUNCTIONAL_ELEMENTS = 1 << 25
 # Neurons per chunk below which a deadline does not split a layer's bound further.
 DEADLINE_CHUNK = 32
 
-LinesFn = Callable[[str], Lines]  # activation node -> its lines for one backward pass
+# activation node (and windows, `patch_bound`) -> its lines for one backward pass: broadcastable
+# to `[batch, specs, *shape]`, or with windows `[batch or 1, specs, C, Mh, Mw]` read at them.
+LinesFn = Callable[..., Lines]
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
 RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
 
@@ -97,46 +106,78 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
     return backward_pass(graph, start, A, box, relax)[0]
 
 
-def _window_step(node: Node, p: Patches) -> bool:
-    """Whether the windows `p` on `node` go on through it: a convolution or a one-input
-    activation on a `[C, H, W]` node larger than the window. (Every op on the way from the
-    start then has one input, so no other path reaches the nodes passed: their functionals are
-    complete when the windows pass them.)"""
+def _window_step(node: Node, w: Windows) -> bool:
+    """Whether windows `w` on `node` go on through it: a convolution or a one-input activation
+    on a `[C, H, W]` node larger than the window. (Every op on the way from the start then has
+    one input, so no other path reaches the nodes passed: their functionals are complete when
+    the windows pass them.)"""
     if not isinstance(node.op, ConvOp | ActivationOp) or len(node.inputs) != 1:
         return False
-    return len(node.shape) == 3 and p.window[0] * p.window[1] < node.shape[1] * node.shape[2]
+    return len(node.shape) == 3 and w.size[0] * w.size[1] < node.shape[1] * node.shape[2]
+
+
+def window_chain(graph: Graph, start: str, index: Tensor) -> Iterator[tuple[Node, Windows]]:
+    """The nodes that the windows of the neurons `index` of the convolution `start` reach, each
+    with its windows: from `start` to the input, or to the first node that is not a window step
+    (`_window_step`), where the dense functional takes over."""
+    node = graph[start]
+    w = unit_windows(index, node.shape)
+    while True:
+        yield node, w
+        if node.op is None or not _window_step(node, w):
+            return
+        if isinstance(node.op, ConvOp):
+            w = Windows(*node.op.window_below(w.rows, w.cols, w.size))
+        node = graph[node.inputs[0]]
+
+
+def windowed_activations(graph: Graph, start: str, index: Tensor) -> dict[str, Windows]:
+    """The activations whose lines `patch_bound` from the neurons `index` of `start` takes at
+    windows, with the windows (none when `start` is not a convolution)."""
+    if not isinstance(graph[start].op, ConvOp):
+        return {}
+    return {
+        node.name: w
+        for node, w in window_chain(graph, start, index)
+        if isinstance(node.op, ActivationOp) and _window_step(node, w)
+    }
+
+
+def window_lines(line: LinearBounds, w: Windows, shape: tuple[int, ...]) -> LinearBounds:
+    """Lines broadcastable to `[B, S, *shape]` read at the windows `w`: `[B or 1, S, C, Mh, Mw]`."""
+    parts = (line.lower_slope, line.lower_intercept, line.upper_slope, line.upper_intercept)
+    return LinearBounds(*(read_windows(t, w, shape) for t in parts))
 
 
 def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
     """Lower bounds `[batch, 2k]` of `+e_j` then `-e_j` for the flat neurons `index` of the
     convolution `start`: `backward_bound` on `unit_functionals` (the same sums, in another
-    order), with the functionals kept as windows (`bounds.methods.patches`) through the
-    convolutions and elementwise activations below `start` and concretised at the input box
-    read at the windows. Where a node is not one of those or is no larger than its window
-    (`_window_step`), the windows become the dense functional there and `backward_bound` goes
-    on from it."""
-    node = graph[start]
-    p = unit_patches(index, node.shape, box.lower.shape[0], box.lower)
-    total = p.values.new_zeros(p.values.shape[:2])
-    while node.op is not None:
-        if not _window_step(node, p):
-            return total + backward_bound(graph, node.name, to_dense(p, node.shape), box, lines)
+    order), with the functionals kept on windows (`bounds.methods.patches`) along
+    `window_chain`, each activation's lines taken at the windows (`lines(act, windows)`), and
+    concretised at the input box read at the windows; where the chain stops before the input,
+    the windows become the dense functional and `backward_bound` goes on from there."""
+    batch = box.lower.shape[0]
+    values = unit_values(index, graph[start].shape, batch, box.lower)
+    total = values.new_zeros(values.shape[:2])
+    for node, w in window_chain(graph, start, index):
+        if node.op is None:
+            center = read_windows(box.center.unsqueeze(1), w, node.shape)
+            radius = read_windows(box.radius.unsqueeze(1), w, node.shape)
+            return total + lower_over(values, center, radius)
+        if not _window_step(node, w):
+            dense = to_dense(values, w, node.shape)
+            return total + backward_bound(graph, node.name, dense, box, lines)
         if isinstance(node.op, ConvOp):
-            bias = node.op.bias_term(p.values)
-            grown = node.op.adjoint_window(p.values.flatten(0, 1))
-            values = grown.reshape(*p.values.shape[:2], *grown.shape[1:])
-            p = masked(Patches(values, *node.op.window_origin(p.rows, p.cols)), node.op.in_shape)
+            bias = node.op.bias_term(values)
+            grown = node.op.adjoint_window(values.flatten(0, 1))
+            below = Windows(*node.op.window_below(w.rows, w.cols, w.size))
+            values = masked(
+                grown.reshape(*values.shape[:2], *grown.shape[1:]), below, node.op.in_shape
+            )
         else:
-            line = lines(node.name)
-            parts = (line.lower_slope, line.lower_intercept, line.upper_slope, line.upper_intercept)
-            windowed = LinearBounds(*(read_windows(t, p, node.shape) for t in parts))
-            values, bias = relax_backward(p.values, windowed)
-            p = Patches(values, p.rows, p.cols)
+            values, bias = relax_backward(values, lines(node.name, w))
         total = total + bias
-        node = graph[node.inputs[0]]
-    center = read_windows(box.center.unsqueeze(1), p, node.shape)
-    radius = read_windows(box.radius.unsqueeze(1), p, node.shape)
-    return total + lower_over(p.values, center, radius)
+    raise AssertionError("window_chain ends at the input or at a dense step")
 
 
 def backward_pass(
@@ -296,12 +337,13 @@ def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
     """CROWN's lines (adaptive lower slope) from the pre-activation intervals."""
     cache: dict[str, LinearBounds] = {}
 
-    def lines(act: str) -> Lines:
+    def lines(act: str, windows: Windows | None = None) -> Lines:
         if act not in cache:
             lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
             relaxation = graph[act].op.relaxation
             cache[act] = at_node(relaxation.name, act, relaxation.linear_bounds, lower, upper)
-        return cache[act]
+        line = cache[act]
+        return line if windows is None else window_lines(line, windows, graph[act].shape)
 
     return lines
 

@@ -89,16 +89,24 @@ class ConvOp(ChannelBiasConv):
 
     def adjoint_window(self, A: Tensor) -> Tensor:
         """`L^T` on a functional `A [N, C_out, Mh, Mw]` on a window of the output, without
-        cropping: the functional on the input window of `(M - 1) s + d (k - 1) + 1` rows (and
-        columns) whose origin is the output window's origin times `s` minus `p`
-        (`window_origin`); positions outside the input are kept (the caller masks them)."""
+        cropping: the functional on the input window `window_below` gives; positions outside
+        the input are kept (the caller masks them)."""
         return F.conv_transpose2d(
             A, self.weight, None, self.stride, 0, 0, self.groups, self.dilation
         )
 
-    def window_origin(self, rows: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
-        """The input window's origin (`adjoint_window`) for output windows at `rows`, `cols`."""
-        return rows * self.stride[0] - self.padding[0], cols * self.stride[1] - self.padding[1]
+    def window_below(
+        self, rows: Tensor, cols: Tensor, size: tuple[int, int]
+    ) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """The input windows `(rows, cols, size)` that output windows of `size` at `rows`,
+        `cols` read: origin `o s - p`, size `(M - 1) s + d (k - 1) + 1` per axis."""
+        kernel = self.weight.shape[2:]
+        grown = tuple(
+            (m - 1) * s + d * (k - 1) + 1
+            for m, s, d, k in zip(size, self.stride, self.dilation, kernel)
+        )
+        origin = (rows * self.stride[0] - self.padding[0], cols * self.stride[1] - self.padding[1])
+        return *origin, grown
 
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ConvOp:
         bias = None if self.bias is None else self.bias.to(device, dtype)
