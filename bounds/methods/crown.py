@@ -26,7 +26,7 @@ from bounds.methods.patches import (
     unit_values,
     unit_windows,
 )
-from bounds.ops import ActivationOp, ConvOp, UnaryAffineOp
+from bounds.ops import ActivationOp, ConvOp, MultiActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -107,11 +107,12 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
 
 
 def _window_step(node: Node, w: Windows) -> bool:
-    """Whether windows `w` on `node` go on through it: a convolution or a one-input activation
-    on a `[C, H, W]` node larger than the window. (Every op on the way from the start then has
-    one input, so no other path reaches the nodes passed: their functionals are complete when
-    the windows pass them.)"""
-    if not isinstance(node.op, ConvOp | ActivationOp) or len(node.inputs) != 1:
+    """Whether windows `w` on `node` go on through it: a convolution or an elementwise
+    activation of one input on a `[C, H, W]` node larger than the window. (Every op on the way
+    from the start then has one input, so no other path reaches the nodes passed: their
+    functionals are complete when the windows pass them.)"""
+    op = node.op
+    if not isinstance(op, ConvOp | ActivationOp) or isinstance(op, MultiActivationOp):
         return False
     return len(node.shape) == 3 and w.size[0] * w.size[1] < node.shape[1] * node.shape[2]
 
