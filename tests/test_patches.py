@@ -21,6 +21,7 @@ from bounds.methods.alpha_crown import (
 )
 from bounds.methods.crown import (
     backward_bound,
+    bound_neurons,
     crown_intervals,
     default_lines,
     needs_crown,
@@ -94,6 +95,14 @@ def _nets() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
             ),
             (2, 10, 10),
         ),
+        "conv_fc": (
+            _chain(
+                nn.Conv2d(2, 4, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                nn.Linear(64, 12), nn.ReLU(), nn.Linear(12, 3),
+            ),
+            (2, 8, 8),
+        ),
         "residual": make("residual"),
     }  # fmt: skip
 
@@ -130,6 +139,20 @@ def test_patches_equal_dense_crown_lines(name):
         got = patch_bound(graph, node, index, box, lines)
         want = _dense(graph, node, index, box, lines)
         torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.parametrize("name", ["conv_fc", "residual", "stride_padding"])
+def test_bound_neurons_equal_dense(name):
+    """Every CROWN target (convolutions in patches mode, fully connected layers from their
+    rows) gets the dense pass's bounds on `unit_functionals`."""
+    _, graph, box, intervals = _setup(name)
+    lines = default_lines(graph, intervals)
+    for node in needs_crown(graph):
+        index = torch.arange(int(torch.Size(graph[node].shape).numel()))
+        low, up = bound_neurons(graph, node, index, box, lambda offset, count: lines)
+        want = _dense(graph, node, index, box, lines)
+        torch.testing.assert_close(low, want[:, : index.numel()], rtol=RTOL, atol=RTOL)
+        torch.testing.assert_close(up, -want[:, index.numel() :], rtol=RTOL, atol=RTOL)
 
 
 def _alpha_lines(graph, intervals, specs: int, batch: int, seed: int):

@@ -26,7 +26,7 @@ from bounds.methods.patches import (
     unit_values,
     unit_windows,
 )
-from bounds.ops import ActivationOp, ConvOp, MultiActivationOp, UnaryAffineOp
+from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -277,6 +277,20 @@ def bound_in_chunks(
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
 
 
+def _rows_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+    """`backward_bound` of `+e_j` then `-e_j` (`j` in `index`) on a fully connected layer
+    `y = W x + b`, its first step taken as the rows `+-W_j` on its input and the bias `+-b_j`
+    (no identity times `W`)."""
+    op, batch = graph[start].op, box.lower.shape[0]
+    rows = op.weight.index_select(0, index)
+    A = torch.cat([rows, -rows]).unsqueeze(0).expand(batch, -1, -1)
+    bias = box.lower.new_zeros(1, 2 * index.numel())
+    if op.bias is not None:
+        b = op.bias.index_select(0, index)
+        bias = torch.cat([b, -b]).unsqueeze(0)
+    return bias + backward_bound(graph, graph[start].inputs[0], A, box, lines)
+
+
 def bound_neurons(
     graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn,
     step: int | None = None, deadline: float | None = None,
@@ -284,8 +298,8 @@ def bound_neurons(
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
     chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`). The neurons
-    of a convolution are bounded in patches mode (`patch_bound`), others by `backward_bound` on
-    `unit_functionals`."""
+    of a convolution are bounded in patches mode (`patch_bound`), those of a fully connected
+    layer from its rows (`_rows_bound`), others by `backward_bound` on `unit_functionals`."""
     batch = box.lower.shape[0]
     shape = graph[node].shape
 
@@ -293,6 +307,8 @@ def bound_neurons(
         lines = lines_for(offset, part.numel())
         if isinstance(graph[node].op, ConvOp):
             return patch_bound(graph, node, part, box, lines)
+        if isinstance(graph[node].op, LinearOp):
+            return _rows_bound(graph, node, part, box, lines)
         A = unit_functionals(part, shape, batch, box.lower)
         return backward_bound(graph, node, A, box, lines)
 
