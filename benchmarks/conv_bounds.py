@@ -11,7 +11,7 @@ says). One torch thread each; each process warms up on every instance before tim
 hits all of them, and every figure is the minimum over repeats and rounds.
 
 Times: ours is `verify.bounds(graph, method=...)` on the `Graph` built once, as auto_LiRPA's
-`BoundedModule` is ("crown, module": `verify.bounds(net)`, which builds the graph per call),
+`BoundedModule` is ("crown(net)": `verify.bounds(net)`, which builds the graph per call),
 both sides (`C` and `-C`) in one call; auto_LiRPA's `compute_bounds` lower side alone and both
 sides (its alpha-CROWN optimises each side separately); ratios are ours / theirs (both sides:
 like for like). Bounds: max |difference| of
@@ -171,7 +171,7 @@ def table(rows: list[dict]) -> list[str]:
                 f"{r.get(f'{method}_diff_before', float('nan')):>13.1e}"
                 f"{r.get(f'{method}_diff_peer', float('nan')):>11.1e}"
             )
-    lines.append(f"{'crown, module':<13}{'net':<15}{'ours s':>9}{'before s':>10}")
+    lines.append(f"{'crown(net)':<13}{'net':<15}{'ours s':>9}{'before s':>10}")
     for r in rows:
         before = r.get("before_crown_module_s", float("nan"))
         lines.append(f"{'':<13}{r['net']:<15}{r['after_crown_module_s']:>9.4f}{before:>10.4f}")
