@@ -10,6 +10,11 @@ side alone and for both sides (auto_LiRPA optimises each side separately).
 The ONNX net becomes a `torch.nn.Sequential` (Sub/Add of a constant, Flatten, Reshape, MatMul+Add,
 Gemm, Relu, Conv), checked against onnxruntime on 64 points of the first box (max abs error
 printed and returned; over 1e-4 relative is an error).
+
+A job with `"kind": "timing"` (written by benchmarks/conv_bounds.py) instead times each of
+`job["methods"]` (auto_LiRPA names: "CROWN", "CROWN-Optimized") `job["repeats"][method]` times
+after one warm-up per instance, lower side alone and both sides, and returns per instance and
+method the minimum seconds of each and the lower bounds of `C y`.
 """
 
 from __future__ import annotations
@@ -156,6 +161,40 @@ def check(model: onnx.ModelProto, net: nn.Module, lower: torch.Tensor, upper: to
     return worst
 
 
+def _timing(job: dict, opts: dict) -> list:
+    """See the module docstring (`"kind": "timing"`)."""
+    from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
+
+    results = []
+    for inst in job["instances"]:
+        model = onnx.load_from_string(_model_bytes(inst["net"]))
+        net = convert(model)
+        lower, upper, C = inst["problem"]
+        err = check(model, net, lower, upper)
+        bounded = BoundedModule(net, torch.zeros_like(lower), bound_opts=opts, device="cpu")
+        x = BoundedTensor((lower + upper) / 2, PerturbationLpNorm(x_L=lower, x_U=upper))
+        out = {"conversion_error": err}
+        for method in job["methods"]:
+
+            def run(upper_too: bool, method=method, x=x, C=C, bounded=bounded):
+                return bounded.compute_bounds(x=(x,), C=C, method=method, bound_lower=True,
+                                              bound_upper=upper_too)  # fmt: skip
+
+            run(True)  # warm-up: lazy initialisation
+            lower_s, both_s = [], []
+            for _ in range(job["repeats"][method]):
+                start = time.perf_counter()
+                lb, _ = run(False)
+                lower_s.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                run(True)
+                both_s.append(time.perf_counter() - start)
+            out[method] = {"lower": lb.detach().reshape(-1), "lower_s": min(lower_s),
+                           "both_s": min(both_s)}  # fmt: skip
+        results.append(out)
+    return results
+
+
 def main() -> None:
     from auto_LiRPA import BoundedModule, BoundedTensor, PerturbationLpNorm
 
@@ -163,6 +202,9 @@ def main() -> None:
     torch.set_num_threads(job["threads"])
     opts = {"optimize_bound_args": {"iteration": job["iterations"], "lr_alpha": job["lr"],
                                     "lr_decay": job["decay"]}, "verbosity": 0}  # fmt: skip
+    if job.get("kind") == "timing":
+        torch.save(_timing(job, opts), sys.argv[2])
+        return
     modules: dict[str, tuple] = {}
     results, warmed = [], False
     for inst in job["instances"]:

@@ -21,6 +21,7 @@ from bounds.methods.crown import (
     bound_in_chunks,
     crown_intervals,
     scatter_bounds,
+    unit_functionals,
     unstable_indices,
 )
 from bounds.methods.pacing import passed
@@ -41,10 +42,12 @@ def _tighten(
     if not index.numel():
         return current
 
-    def lower_bound(c: Tensor, offset: int, count: int) -> Tensor:
-        return bound(truncated, intervals, c)
-
     batch = box.lower.shape[0]
+    shape = graph[name].shape
+
+    def lower_bound(part: Tensor, offset: int) -> Tensor:
+        return bound(truncated, intervals, unit_functionals(part, shape, batch, box.lower))
+
     low, up = bound_in_chunks(graph, name, index, batch, box.lower, lower_bound, None, deadline)
     return scatter_bounds(current, index, low, up)
 

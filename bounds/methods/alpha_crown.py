@@ -47,8 +47,10 @@ from bounds.methods.crown import (
     split_output,
     straight_through,
     unstable_indices,
+    windowed_activations,
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
+from bounds.methods.patches import Windows, read_windows
 from bounds.types import Budget, Interval
 
 
@@ -145,23 +147,37 @@ def _activations_before(graph: Graph, start: str) -> list[str]:
 
 def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     """CROWN's adaptive slopes, one copy per (start, activation): `[B, 2, k, *shape]` for an
-    intermediate start with k neurons, `[B, 2S, *shape]` for the output."""
+    intermediate start with k neurons, `[B, 2S, *shape]` for the output; an activation whose
+    lines a convolution's patches take at windows (`windowed_activations`) has its slopes on
+    the windows only, `[B, 2, k, C, Mh, Mw]` (the others do not change its bounds)."""
     starts = {name: (2, idx.numel()) for name, idx in p.targets.items()}
     starts[p.graph.output.name] = (2 * p.C.shape[1],)
     alphas = {}
     for start, spec_dims in starts.items():
+        index = p.targets.get(start)
+        windows = {} if index is None else windowed_activations(p.graph, start, index)
         for act in _activations_before(p.graph, start):
             lower, upper = relaxation_bounds(p.graph, act, p.base)
-            alpha = p.graph[act].op.relaxation.default_params(lower, upper)
-            view = alpha.reshape(alpha.shape[0], *([1] * len(spec_dims)), *alpha.shape[1:])
-            full = view.expand(alpha.shape[0], *spec_dims, *alpha.shape[1:]).clone()
+            relaxation = p.graph[act].op.relaxation
+            if act in windows:
+                shape, w = p.graph[act].shape, windows[act]
+                low, up = (read_windows(t.unsqueeze(1), w, shape) for t in (lower, upper))
+                alpha = relaxation.default_params(low, up)  # [B, 2k, C, Mh, Mw, ...]
+                full = alpha.reshape(alpha.shape[0], *spec_dims, *alpha.shape[2:]).clone()
+            else:
+                alpha = relaxation.default_params(lower, upper)
+                view = alpha.reshape(alpha.shape[0], *([1] * len(spec_dims)), *alpha.shape[1:])
+                full = view.expand(alpha.shape[0], *spec_dims, *alpha.shape[1:]).clone()
             alphas[start, act] = full.requires_grad_(True)
     return alphas
 
 
 def _lines(p: _Problem, intervals: dict[str, Interval], alpha_of) -> LinesFn:
-    def lines(act: str) -> Lines:
+    def lines(act: str, windows: Windows | None = None) -> Lines:
         lower, upper = relaxation_bounds(p.graph, act, intervals, unsqueeze=True)
+        if windows is not None:  # `patch_bound`: the slopes are on the windows too
+            shape = p.graph[act].shape
+            lower, upper = read_windows(lower, windows, shape), read_windows(upper, windows, shape)
         return p.graph[act].op.relaxation.linear_bounds(lower, upper, alpha_of(act))
 
     return lines

@@ -10,7 +10,7 @@ ambiguous; the intersection of both is kept).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -18,7 +18,15 @@ from torch import Tensor
 from bounds.errors import at_node
 from bounds.graph import Graph, Node, node_interval
 from bounds.methods.pacing import Pacer, passed
-from bounds.ops import ActivationOp, UnaryAffineOp
+from bounds.methods.patches import (
+    Windows,
+    masked,
+    read_windows,
+    to_dense,
+    unit_values,
+    unit_windows,
+)
+from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -31,16 +39,31 @@ MAX_FUNCTIONAL_ELEMENTS = 1 << 25
 # Neurons per chunk below which a deadline does not split a layer's bound further.
 DEADLINE_CHUNK = 32
 
-LinesFn = Callable[[str], Lines]  # activation node -> its lines for one backward pass
+# activation node (and windows, `patch_bound`) -> its lines for one backward pass: broadcastable
+# to `[batch, specs, *shape]`, or with windows `[batch or 1, specs, C, Mh, Mw]` read at them.
+LinesFn = Callable[..., Lines]
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
 RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
 
 
+def pairing(A: Tensor, t: Tensor) -> Tensor:
+    """`A . t` per spec, `[batch, specs]`, for `t` broadcastable to `A [batch, specs, *shape]`;
+    a `t` shared by the specs (`[batch or 1, 1, *shape]`) is a matrix-vector product (no
+    `A`-sized temporary)."""
+    if t.dim() == A.dim() and t.shape[1] == 1 and t.shape[2:] == A.shape[2:]:
+        return (A.flatten(2) @ t.flatten(2).transpose(1, 2)).squeeze(-1)
+    return (A * t).flatten(2).sum(-1)
+
+
+def lower_over(A: Tensor, center: Tensor, radius: Tensor) -> Tensor:
+    """`min A . x` over the box `|x - center| <= radius` (broadcast against `A [batch, specs,
+    ...]`), shape `[batch, specs]`: `A . c - |A| . r`."""
+    return pairing(A, center) - pairing(A.abs(), radius)
+
+
 def concretize(A: Tensor, box: Interval) -> Tensor:
-    """`min_{x in box} A . x`, shape `[batch, specs]`: `A . c - |A| . r`."""
-    center = box.center.unsqueeze(1)
-    radius = box.radius.unsqueeze(1)
-    return (A * center - A.abs() * radius).flatten(2).sum(-1)
+    """`min_{x in box} A . x`, shape `[batch, specs]`."""
+    return lower_over(A, box.center.unsqueeze(1), box.radius.unsqueeze(1))
 
 
 def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
@@ -51,11 +74,9 @@ def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...]
         new_A = tuple(
             pos * low + neg * up for low, up in zip(lines.lower_slopes, lines.upper_slopes)
         )
-        intercepts = pos * lines.lower_intercept + neg * lines.upper_intercept
-        return new_A, intercepts.flatten(2).sum(-1)
-    new_A = pos * lines.lower_slope + neg * lines.upper_slope
-    bias = (pos * lines.lower_intercept + neg * lines.upper_intercept).flatten(2).sum(-1)
-    return new_A, bias
+    else:
+        new_A = pos * lines.lower_slope + neg * lines.upper_slope
+    return new_A, pairing(pos, lines.lower_intercept) + pairing(neg, lines.upper_intercept)
 
 
 def relaxation_bounds(graph: Graph, act: str, intervals: dict[str, Interval], unsqueeze=False):
@@ -83,6 +104,81 @@ def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: Li
         return relax_backward(coeff, lines(node.name))
 
     return backward_pass(graph, start, A, box, relax)[0]
+
+
+def _window_step(node: Node, w: Windows) -> bool:
+    """Whether windows `w` on `node` go on through it: a convolution or an elementwise
+    activation of one input on a `[C, H, W]` node larger than the window. (Every op on the way
+    from the start then has one input, so no other path reaches the nodes passed: their
+    functionals are complete when the windows pass them.)"""
+    op = node.op
+    if not isinstance(op, ConvOp | ActivationOp) or isinstance(op, MultiActivationOp):
+        return False
+    return len(node.shape) == 3 and w.size[0] * w.size[1] < node.shape[1] * node.shape[2]
+
+
+def window_chain(graph: Graph, start: str, index: Tensor) -> Iterator[tuple[Node, Windows]]:
+    """The nodes that the windows of the neurons `index` of the convolution `start` reach, each
+    with its windows: from `start` to the input, or to the first node that is not a window step
+    (`_window_step`), where the dense functional takes over."""
+    node = graph[start]
+    w = unit_windows(index, node.shape)
+    while True:
+        yield node, w
+        if node.op is None or not _window_step(node, w):
+            return
+        if isinstance(node.op, ConvOp):
+            w = Windows(*node.op.window_below(w.rows, w.cols, w.size))
+        node = graph[node.inputs[0]]
+
+
+def windowed_activations(graph: Graph, start: str, index: Tensor) -> dict[str, Windows]:
+    """The activations whose lines `patch_bound` from the neurons `index` of `start` takes at
+    windows, with the windows (none when `start` is not a convolution)."""
+    if not isinstance(graph[start].op, ConvOp):
+        return {}
+    return {
+        node.name: w
+        for node, w in window_chain(graph, start, index)
+        if isinstance(node.op, ActivationOp) and _window_step(node, w)
+    }
+
+
+def window_lines(line: LinearBounds, w: Windows, shape: tuple[int, ...]) -> LinearBounds:
+    """Lines broadcastable to `[B, S, *shape]` read at the windows `w`: `[B or 1, S, C, Mh, Mw]`."""
+    parts = (line.lower_slope, line.lower_intercept, line.upper_slope, line.upper_intercept)
+    return LinearBounds(*(read_windows(t, w, shape) for t in parts))
+
+
+def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+    """Lower bounds `[batch, 2k]` of `+e_j` then `-e_j` for the flat neurons `index` of the
+    convolution `start`: `backward_bound` on `unit_functionals` (the same sums, in another
+    order), with the functionals kept on windows (`bounds.methods.patches`) along
+    `window_chain`, each activation's lines taken at the windows (`lines(act, windows)`), and
+    concretised at the input box read at the windows; where the chain stops before the input,
+    the windows become the dense functional and `backward_bound` goes on from there."""
+    batch = box.lower.shape[0]
+    values = unit_values(index, graph[start].shape, batch, box.lower)
+    total = values.new_zeros(values.shape[:2])
+    for node, w in window_chain(graph, start, index):
+        if node.op is None:
+            center = read_windows(box.center.unsqueeze(1), w, node.shape)
+            radius = read_windows(box.radius.unsqueeze(1), w, node.shape)
+            return total + lower_over(values, center, radius)
+        if not _window_step(node, w):
+            dense = to_dense(values, w, node.shape)
+            return total + backward_bound(graph, node.name, dense, box, lines)
+        if isinstance(node.op, ConvOp):
+            bias = node.op.bias_term(values)
+            grown = node.op.adjoint_window(values.flatten(0, 1))
+            below = Windows(*node.op.window_below(w.rows, w.cols, w.size))
+            values = masked(
+                grown.reshape(*values.shape[:2], *grown.shape[1:]), below, node.op.in_shape
+            )
+        else:
+            values, bias = relax_backward(values, lines(node.name, w))
+        total = total + bias
+    raise AssertionError("window_chain ends at the input or at a dense step")
 
 
 def backward_pass(
@@ -154,14 +250,14 @@ def bound_in_chunks(
     step: int | None = None, deadline: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
-    functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(A, offset, count)` gives lower
-    bounds `[batch, 2 count]` of the specs `A` (`+e_j` then `-e_j` for `index[offset:offset+count]`).
+    functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(part, offset)` gives lower
+    bounds `[batch, 2 count]` of `+e_j` then `-e_j` for the flat neurons `part =
+    index[offset:offset+count]` (e.g. `unit_functionals(part, ...)`, or `patch_bound`).
     `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside).
     `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
     `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed, or once the next one
     is predicted (from the last two) to end past it, are not bounded: their neurons get
     `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
-    shape = graph[node].shape
     step = step or neuron_chunk(graph, batch, index.numel())
     if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
         step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
@@ -174,11 +270,25 @@ def bound_in_chunks(
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
-        result = lower_bound(unit_functionals(part, shape, batch, like), offset, part.numel())
+        result = lower_bound(part, offset)
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
         stop = pacer is not None and pacer.done()
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
+
+
+def _rows_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+    """`backward_bound` of `+e_j` then `-e_j` (`j` in `index`) on a fully connected layer
+    `y = W x + b`, its first step taken as the rows `+-W_j` on its input and the bias `+-b_j`
+    (no identity times `W`)."""
+    op, batch = graph[start].op, box.lower.shape[0]
+    rows = op.weight.index_select(0, index)
+    A = torch.cat([rows, -rows]).unsqueeze(0).expand(batch, -1, -1)
+    bias = box.lower.new_zeros(1, 2 * index.numel())
+    if op.bias is not None:
+        b = op.bias.index_select(0, index)
+        bias = torch.cat([b, -b]).unsqueeze(0)
+    return bias + backward_bound(graph, graph[start].inputs[0], A, box, lines)
 
 
 def bound_neurons(
@@ -187,12 +297,21 @@ def bound_neurons(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
-    chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`)."""
-
-    def lower_bound(A: Tensor, offset: int, count: int) -> Tensor:
-        return backward_bound(graph, node, A, box, lines_for(offset, count))
-
+    chunks after `deadline` are skipped (`-inf` / `+inf`, see `bound_in_chunks`). The neurons
+    of a convolution are bounded in patches mode (`patch_bound`), those of a fully connected
+    layer from its rows (`_rows_bound`), others by `backward_bound` on `unit_functionals`."""
     batch = box.lower.shape[0]
+    shape = graph[node].shape
+
+    def lower_bound(part: Tensor, offset: int) -> Tensor:
+        lines = lines_for(offset, part.numel())
+        if isinstance(graph[node].op, ConvOp):
+            return patch_bound(graph, node, part, box, lines)
+        if isinstance(graph[node].op, LinearOp):
+            return _rows_bound(graph, node, part, box, lines)
+        A = unit_functionals(part, shape, batch, box.lower)
+        return backward_bound(graph, node, A, box, lines)
+
     return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
 
 
@@ -235,12 +354,13 @@ def default_lines(graph: Graph, intervals: dict[str, Interval]) -> LinesFn:
     """CROWN's lines (adaptive lower slope) from the pre-activation intervals."""
     cache: dict[str, LinearBounds] = {}
 
-    def lines(act: str) -> Lines:
+    def lines(act: str, windows: Windows | None = None) -> Lines:
         if act not in cache:
             lower, upper = relaxation_bounds(graph, act, intervals, unsqueeze=True)
             relaxation = graph[act].op.relaxation
             cache[act] = at_node(relaxation.name, act, relaxation.linear_bounds, lower, upper)
-        return cache[act]
+        line = cache[act]
+        return line if windows is None else window_lines(line, windows, graph[act].shape)
 
     return lines
 

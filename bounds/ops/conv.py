@@ -87,6 +87,38 @@ class ConvOp(ChannelBiasConv):
             self.dilation,
         )
 
+    def adjoint_window(self, A: Tensor) -> Tensor:
+        """`L^T` on a functional `A [N, C_out, Mh, Mw]` on a window of the output, without
+        cropping: the functional on the input window `window_below` gives; positions outside
+        the input are kept (the caller masks them). `1 x 1` windows (a convolution's own
+        neurons) take a combination of the kernels, a matrix product: the transposed convolution
+        of the identity gives the kernels, far faster than one of a large batch of points."""
+
+        def transposed(x: Tensor) -> Tensor:
+            return F.conv_transpose2d(
+                x, self.weight, None, self.stride, 0, 0, self.groups, self.dilation
+            )
+
+        if tuple(A.shape[-2:]) != (1, 1):
+            return transposed(A)
+        channels = self.weight.shape[0]
+        eye = torch.eye(channels, dtype=A.dtype, device=A.device)
+        kernels = transposed(eye.reshape(channels, channels, 1, 1))
+        return (A.flatten(1) @ kernels.flatten(1)).reshape(A.shape[0], *kernels.shape[1:])
+
+    def window_below(
+        self, rows: Tensor, cols: Tensor, size: tuple[int, int]
+    ) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """The input windows `(rows, cols, size)` that output windows of `size` at `rows`,
+        `cols` read: origin `o s - p`, size `(M - 1) s + d (k - 1) + 1` per axis."""
+        kernel = self.weight.shape[2:]
+        grown = tuple(
+            (m - 1) * s + d * (k - 1) + 1
+            for m, s, d, k in zip(size, self.stride, self.dilation, kernel)
+        )
+        origin = (rows * self.stride[0] - self.padding[0], cols * self.stride[1] - self.padding[1])
+        return *origin, grown
+
     def to(self, dtype: torch.dtype, device: torch.device | str) -> ConvOp:
         bias = None if self.bias is None else self.bias.to(device, dtype)
         return ConvOp(
