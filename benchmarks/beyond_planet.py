@@ -179,14 +179,14 @@ def final_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def proven_instances(quick: bool):
+def proven_instances(quick: bool, images: int):
     """(suite, id, net, problems) with `problems` as `vnnlib_problems` gives them."""
     step = 6 if quick else 1
     for bench in ("acasxu", "mnist_fc"):
         for net_path, prop in vnncomp_instances(bench)[::step]:
             net = verify.load_onnx(net_path)
             yield bench, f"{net_path.name}:{prop.name}", net, vnnlib_problems(net, prop)
-    images, labels = cifar_images(10 if quick else 100)
+    images, labels = cifar_images(min(images, 10) if quick else images)
     net = verify.load_onnx(OVAL / "cifar_base_kw.onnx.gz")
     for i in range(images.shape[0]):
         yield "oval_base", f"img{i}", net, [cifar_problem(images[i], int(labels[i]), 2 / 255)]
@@ -201,7 +201,7 @@ def _proven(net, problems, method: str, options: dict) -> tuple[bool, float]:
     return min(margins) > 0, time.perf_counter() - start
 
 
-def part_proven(quick: bool, config: active_set.ActiveSetConfig) -> list[dict]:
+def part_proven(quick: bool, config: active_set.ActiveSetConfig, images: int) -> list[dict]:
     rows = []
     options = {
         "alpha-crown": {},
@@ -210,7 +210,7 @@ def part_proven(quick: bool, config: active_set.ActiveSetConfig) -> list[dict]:
             "cut_frequency": config.cut_frequency, "max_cuts": config.max_cuts,
         },
     }  # fmt: skip
-    for suite, ident, net, problems in proven_instances(quick):
+    for suite, ident, net, problems in proven_instances(quick, images):
         row = {"suite": suite, "id": ident}
         for method, opts in options.items():
             row[method], row[method + "_seconds"] = _proven(net, problems, method, opts)
@@ -241,6 +241,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=active_set.ActiveSetConfig.iterations)
     parser.add_argument("--max-cuts", type=int, default=active_set.ActiveSetConfig.max_cuts)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
@@ -255,7 +256,7 @@ def main() -> None:
         out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]
         payload["final"] = rows
     if args.part in ("proven", "both"):
-        rows = part_proven(args.quick, config)
+        rows = part_proven(args.quick, config, args.images)
         table = proven_table(rows)
         print(table)
         out += ["## Instances proven by bounds alone\n", table, ""]
