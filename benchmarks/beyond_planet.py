@@ -42,7 +42,7 @@ from benchmarks.common import (
 )
 from bounds.dual import active_set, decompose, initial_duals, problem_from_intervals, proximal
 from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_graph
-from bounds.lp import planet_lp
+from bounds.lp import LpConfig, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
@@ -50,13 +50,15 @@ from bounds.types import Interval
 OVAL = DATA / "vnncomp2022" / "oval21" / "onnx"
 
 
-def final_instances(quick: bool):
+def final_instances(quick: bool, suites: tuple[str, ...] = ()):
     """(suite, id, net, lower, upper, C): mnist_fc 256x2/x4/x6 (their VNN-COMP properties:
     eps 0.02 / 0.05 around test images) and OVAL base/wide/deep around CIFAR test images."""
     mnist = vnncomp_instances("mnist_fc")
     per = 2 if quick else 4
     for size in ("256x2", "256x4", "256x6"):
         chosen = [(n, p) for n, p in mnist if size in n.name]
+        if suites and f"mnist_{size}" not in suites:
+            continue
         for net_path, prop in chosen[:: max(1, len(chosen) // per)][:per]:
             net = verify.load_onnx(net_path)
             lo, up, C, *_ = vnnlib_problems(net, prop)[0]
@@ -64,6 +66,8 @@ def final_instances(quick: bool):
     images, labels = cifar_images(2 if quick else 3)
     names = ("cifar_base_kw",) if quick else ("cifar_base_kw", "cifar_wide_kw", "cifar_deep_kw")
     for name in names:
+        if suites and f"oval_{name}" not in suites:
+            continue
         net = verify.load_onnx(OVAL / f"{name}.onnx.gz")
         for i in range(images.shape[0]):
             lo, up, C, *_ = cifar_problem(images[i], int(labels[i]), 2 / 255)
@@ -76,16 +80,19 @@ def _clock(fn):
     return out, time.perf_counter() - start
 
 
-def run_final(net, lower, upper, C, config: active_set.ActiveSetConfig) -> dict:
+def run_final(
+    net, lower, upper, C, config: active_set.ActiveSetConfig, lp_limit: float = 600.0
+) -> dict:
     graph = verify.network_graph(net, tuple(lower.shape[1:]))
     box = Interval(lower, upper)
     S = C.shape[1]
     intervals = crown_intervals(graph, box)
     row: dict = {}
     (_, _, lp), row["lp_seconds"] = _clock(
-        lambda: planet_lp(graph, box, C, intervals, upper=False)
+        lambda: planet_lp(graph, box, C, intervals, LpConfig(time_limit=lp_limit), upper=False)
     )
-    row["lp"] = lp["raw"][0, :S].tolist()
+    solved = lp["unsolved"] == 0
+    row["lp"] = lp["raw"][0, :S].tolist() if solved else None  # None: past the time limit
     alpha = {}
     for its in (20, 200):
         cfg = AlphaCrownConfig(iterations=its, optimize_intermediate=False, tolerance=0.0)
@@ -128,54 +135,69 @@ def run_final(net, lower, upper, C, config: active_set.ActiveSetConfig) -> dict:
 METHODS = ("lp", "alpha20", "alpha200", "prox", "big-m", "active-set")
 
 
-def _above(values, lp) -> list[bool]:
+def _above(values, lp) -> list[bool] | None:
+    if lp is None:
+        return None
     return [v > q + 1e-4 * (1 + abs(q)) for v, q in zip(values, lp)]
 
 
-def part_final(quick: bool, config: active_set.ActiveSetConfig) -> list[dict]:
+def _mean(values) -> str:
+    return "-" if values is None else f"{sum(values) / len(values):10.4f}"
+
+
+def part_final(quick: bool, config, suites=(), lp_limit=600.0, save=None) -> list[dict]:
     rows = []
-    for suite, ident, net, lo, up, C in final_instances(quick):
-        row = {"suite": suite, "id": ident, **run_final(net, lo, up, C, config)}
+    for suite, ident, net, lo, up, C in final_instances(quick, suites):
+        row = {"suite": suite, "id": ident, **run_final(net, lo, up, C, config, lp_limit)}
         row["above_lp"] = _above(row["active-set"], row["lp"])
         rows.append(row)
-        share = sum(row["above_lp"]) / len(row["above_lp"])
+        share = "-" if row["above_lp"] is None else f"{sum(row['above_lp']) / 9:4.0%}"
         print(
-            f"{suite:22s} {ident:28s} lp {sum(row['lp']) / len(row['lp']):10.4f} "
-            f"a200 {sum(row['alpha200']) / len(row['lp']):10.4f} "
-            f"AS {sum(row['active-set']) / len(row['lp']):10.4f} above {share:4.0%} "
-            f"t: lp {row['lp_seconds']:.2f} a200 {row['alpha200_seconds']:.2f} "
-            f"AS {row['active-set_seconds']:.2f}",
+            f"{suite:22s} {ident:28s} lp {_mean(row['lp'])} a200 {_mean(row['alpha200'])} "
+            f"AS {_mean(row['active-set'])} above {share} t: lp {row['lp_seconds']:.2f} "
+            f"a200 {row['alpha200_seconds']:.2f} AS {row['active-set_seconds']:.2f}",
             flush=True,
         )
+        if save is not None:
+            save(rows)  # after every instance: an interrupted run keeps what it finished
     return rows
 
 
 def final_table(rows: list[dict]) -> str:
+    """Per suite: mean bound / mean seconds per method (the LP's over the instances it solved
+    within its limit), the share of specs where active-set beats the LP, and the time ratio."""
     suites = sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index)
     head = "| suite | n | " + " | ".join(f"{m} bound / s" for m in METHODS)
     head += " | active-set > LP | AS time / a200 time |"
     lines = [head, "|" + "---|" * (len(METHODS) + 4)]
+    everything: list[bool] = []
     for suite in suites:
         chosen = [r for r in rows if r["suite"] == suite]
         cells = []
         for m in METHODS:
-            values = [v for r in chosen for v in r[m]]
-            secs = sum(r[m + "_seconds"] for r in chosen) / len(chosen)
+            with_values = [r for r in chosen if r[m] is not None]
+            if not with_values:
+                cells.append(
+                    f"unsolved / {sum(r[m + '_seconds'] for r in chosen) / len(chosen):.0f}"
+                )
+                continue
+            values = [v for r in with_values for v in r[m]]
+            secs = sum(r[m + "_seconds"] for r in with_values) / len(with_values)
             cells.append(f"{sum(values) / len(values):.4f} / {secs:.2f}")
-        above = [a for r in chosen for a in r["above_lp"]]
+        above = [a for r in chosen if r["above_lp"] is not None for a in r["above_lp"]]
+        everything += above
         ratio = sum(r["active-set_seconds"] for r in chosen) / sum(
             r["alpha200_seconds"] for r in chosen
         )
+        share = f"{sum(above)}/{len(above)} ({sum(above) / len(above):.0%})" if above else "-"
         lines.append(
-            f"| {suite} | {len(chosen)} | " + " | ".join(cells)
-            + f" | {sum(above)}/{len(above)} ({sum(above) / len(above):.0%}) | {ratio:.2f} |"
-        )  # fmt: skip
-    above = [a for r in rows for a in r["above_lp"]]
+            f"| {suite} | {len(chosen)} | " + " | ".join(cells) + f" | {share} | {ratio:.2f} |"
+        )
     ratio = sum(r["active-set_seconds"] for r in rows) / sum(r["alpha200_seconds"] for r in rows)
+    share = f"{sum(everything)}/{len(everything)} ({sum(everything) / max(1, len(everything)):.0%})"
     lines.append(
-        f"| **all** | {len(rows)} |" + " |" * len(METHODS)
-        + f" **{sum(above)}/{len(above)} ({sum(above) / len(above):.0%})** | **{ratio:.2f}** |"
-    )  # fmt: skip
+        f"| **all** | {len(rows)} |" + " |" * len(METHODS) + f" **{share}** | **{ratio:.2f}** |"
+    )
     return "\n".join(lines)
 
 
@@ -242,6 +264,8 @@ def main() -> None:
     parser.add_argument("--max-cuts", type=int, default=active_set.ActiveSetConfig.max_cuts)
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
+    parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
+    parser.add_argument("--lp-limit", type=float, default=600.0, help="seconds per LP solve")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
@@ -250,7 +274,11 @@ def main() -> None:
     out = [f"# Beyond Planet\n\n`{command}` ({args.threads} thread)\n"]
     payload: dict = {"command": command, "config": vars(args)}
     if args.part in ("final", "both"):
-        rows = part_final(args.quick, config)
+
+        def save(rows):
+            write_json(f"beyond_planet{suffix}.json", {**payload, "final": rows})
+
+        rows = part_final(args.quick, config, tuple(args.suites), args.lp_limit, save)
         table = final_table(rows)
         print(table)
         out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]

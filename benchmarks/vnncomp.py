@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cactus import plot
 from benchmarks.common import DATA, RESULTS, write_json
 from verify.bab import SPLITTINGS
-from verify.cli import run_all, summary
+from verify.cli import build_parser, run_all, summary
 
 # ACAS Xu instances violated in VNN-COMP 2022 that are known independently of our tool
 # (Katz et al. 2017: property 7 on N_1,9 and property 8 on N_2,9 are violated).
@@ -42,23 +42,22 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 
 
 def run(
-    bench: str, scale: float, limit: int | None, method: str, splitting: str, tag: str = "",
+    bench: str, scale: float, limit: int | None, method: str | None, splitting: str, tag: str = "",
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
-    args = argparse.Namespace(
-        instances=instances or folder / "instances.csv",
-        prox_sweeps=prox_sweeps,
-        hard_bounder=hard_bounder,
-        root=folder,
-        out=RESULTS / f"{name}.csv",
-        limit=limit,
-        timeout_scale=scale,
-        method=method,
-        splitting=splitting,
-        device="cpu",
-    )
+    argv = [
+        "run-all", str(instances or folder / "instances.csv"), "--root", str(folder),
+        "--out", str(RESULTS / f"{name}.csv"), "--timeout-scale", str(scale),
+        "--splitting", splitting, "--prox-sweeps", str(prox_sweeps),
+        "--hard-bounder", hard_bounder, "--device", "cpu", "--threads", "1",
+    ]  # fmt: skip
+    if method is not None:
+        argv += ["--method", method]
+    if limit is not None:
+        argv += ["--limit", str(limit)]
+    args = build_parser().parse_args(argv)  # every option the CLI has, with its defaults
     start = time.monotonic()
     rows = run_all(args)
     payload = {
@@ -93,7 +92,7 @@ def main() -> None:
     parser.add_argument("--bench", nargs="+", default=["acasxu"], choices=["acasxu", "mnist_fc"])
     parser.add_argument("--timeout-scale", type=float, default=1.0)
     parser.add_argument("--limit", type=int)
-    parser.add_argument("--method", default="crown", help="bound method of input splitting")
+    parser.add_argument("--method", help="bound method of input splitting (default: the CLI's)")
     parser.add_argument("--splitting", default="auto", choices=SPLITTINGS)
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument("--prox-sweeps", type=int, default=0, help="see python -m verify run -h")
