@@ -41,7 +41,7 @@ from benchmarks.common import (
     write_json,
 )
 from bounds.dual import active_set, decompose, initial_duals, problem_from_intervals, proximal
-from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_graph
+from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
 from bounds.lp import LpConfig, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown_intervals, output_functional
@@ -105,7 +105,7 @@ def run_final(
     c = output_functional(graph, C)
 
     def anderson(cfg):
-        layers = dense_layers(graph)
+        layers = anderson_layers(graph)
         p = problem_from_graph(graph, box, intervals, c, layers)
         pre = tuple(Interval(a, b) for a, b in zip(p.pre_lower, p.pre_upper))
         init = active_set.big_m_from_slopes(

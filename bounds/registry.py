@@ -13,7 +13,7 @@ from torch import Tensor
 
 from bounds.dual import active_set, proximal, supergradient
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
-from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_graph
+from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
 from bounds.dual.dag import decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.intermediate import intermediate_intervals
@@ -183,7 +183,7 @@ def _anderson(graph, box, C, config, budget, given) -> MethodResult:
     the Big-M duals of the starting bound; never below it (nor the output's interval bound)."""
     deadline = deadline_of(budget)
     c = output_functional(graph, C)
-    layers = dense_layers(graph)
+    layers = anderson_layers(graph)
     intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
     problem = problem_from_graph(graph, box, intervals, c, layers)
     pre = tuple(Interval(lo, up) for lo, up in zip(problem.pre_lower, problem.pre_upper))

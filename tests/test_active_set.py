@@ -14,9 +14,9 @@ import verify
 from bounds.anderson_lp import anderson_lp
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
 from bounds.dual.anderson import (
+    anderson_layers,
     anderson_slopes,
     cut_terms,
-    dense_layers,
     evaluate,
     most_violated,
     no_cuts,
@@ -53,7 +53,9 @@ def _problem(graph, box, specs: int = 3, seed: int = 0):
     c = output_functional(graph, C)
     p = problem_from_graph(graph, box, intervals, c)
     pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
-    init = big_m_from_slopes(p, anderson_slopes(graph, dense_layers(graph), pre, None, c.shape[1]))
+    init = big_m_from_slopes(
+        p, anderson_slopes(graph, anderson_layers(graph), pre, None, c.shape[1])
+    )
     return p, init, C, intervals
 
 

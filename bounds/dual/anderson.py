@@ -109,10 +109,10 @@ class Layers:
         return self.rows(k, torch.arange(self.width(k), device=self.biases[k].device))
 
     def to(self, dtype: torch.dtype) -> Layers:
-        return dense_layers(self.graph.to(dtype, self.biases[0].device))
+        return anderson_layers(self.graph.to(dtype, self.biases[0].device))
 
 
-def dense_layers(graph: Graph) -> Layers:
+def anderson_layers(graph: Graph) -> Layers:
     """The graph as `Layers`, in the dtype and on the device of its constants.
     UnsupportedOperationError unless it is a chain of affine ops and nonlinearities whose
     relaxations have the Anderson hull (`relaxation.anderson`: ReLU)."""
@@ -425,9 +425,11 @@ def problem_from_graph(
     graph: Graph, box: Interval, intervals: dict[str, Interval], c: Tensor,
     layers: Layers | None = None,
 ) -> AndersonProblem:  # fmt: skip
-    """The problem of `graph` (`dense_layers`, or the given `layers` of it) over `box`
+    """The problem of `graph` (`anderson_layers`, or the given `layers` of it) over `box`
     `[B, *in_shape]` with the nodes' `intervals` and the objectives `c` `[B, S, *out_shape]`."""
-    return problem_from_layers(dense_layers(graph) if layers is None else layers, box, intervals, c)
+    return problem_from_layers(
+        anderson_layers(graph) if layers is None else layers, box, intervals, c
+    )
 
 
 def problem_from_layers(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from bounds.dual import active_set, proximal, supergradient
-from bounds.dual.anderson import anderson_slopes, dense_layers, problem_from_layers
+from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph import Graph
@@ -89,7 +89,7 @@ def _active_set_bound(box: Interval, budget: Budget, deadline):
     config = active_set.ActiveSetConfig()
 
     def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
-        layers = dense_layers(truncated.graph)
+        layers = anderson_layers(truncated.graph)
         p = problem_from_layers(layers, box, intervals, c)
         pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
         slopes = anderson_slopes(truncated.graph, layers, pre, None, c.shape[1])
@@ -123,7 +123,7 @@ def intermediate_intervals(
         raise ValueError(f"intermediate must be one of {INTERMEDIATE}, got {kind!r}")
     budget = Budget(iterations=iterations)
     if kind == "active-set":
-        dense_layers(graph)  # a typed refusal up front for graphs it cannot take
+        anderson_layers(graph)  # a typed refusal up front for graphs it cannot take
         bound = _active_set_bound(box, budget, deadline)
     else:
         solve_fn, config = {

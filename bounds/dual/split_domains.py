@@ -19,8 +19,8 @@ from torch import Tensor
 from bounds.dual import active_set
 from bounds.dual.anderson import (
     Layers,
+    anderson_layers,
     cut_terms,
-    dense_layers,
     problem_from_layers,
 )
 from bounds.dual.anderson import evaluate as anderson_value
@@ -71,7 +71,7 @@ def anderson_split_bounds(
     exact: tuple[Layers, dict[str, Interval], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`prox_split_bounds` with the active-set solver of the Anderson relaxation (`net`:
-    `dense_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
+    `anderson_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
     `iterations` Adam steps with the default cut schedule."""
     problem = problem_from_layers(net, box, intervals, c)
     N, S = c.shape[:2]
@@ -91,5 +91,5 @@ def anderson_split_bounds(
 
 HARD_BOUNDERS = {
     "prox": (decompose, prox_split_bounds),
-    "active-set": (dense_layers, anderson_split_bounds),
+    "active-set": (anderson_layers, anderson_split_bounds),
 }
