@@ -88,11 +88,14 @@ def run_final(
     S = C.shape[1]
     intervals = crown_intervals(graph, box)
     row: dict = {}
-    (_, _, lp), row["lp_seconds"] = _clock(
-        lambda: planet_lp(graph, box, C, intervals, LpConfig(time_limit=lp_limit), upper=False)
-    )
-    solved = lp["unsolved"] == 0
-    row["lp"] = lp["raw"][0, :S].tolist() if solved else None  # None: past the time limit
+    if lp_limit > 0:
+        (_, _, lp), row["lp_seconds"] = _clock(
+            lambda: planet_lp(graph, box, C, intervals, LpConfig(time_limit=lp_limit), upper=False)
+        )
+        solved = lp["unsolved"] == 0
+        row["lp"] = lp["raw"][0, :S].tolist() if solved else None  # None: past the limit
+    else:  # no LP (--lp-limit 0): its model alone takes minutes on the wide OVAL nets
+        row["lp"], row["lp_seconds"] = None, 0.0
     alpha = {}
     for its in (20, 200):
         cfg = AlphaCrownConfig(iterations=its, optimize_intermediate=False, tolerance=0.0)
@@ -265,7 +268,9 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
     parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
-    parser.add_argument("--lp-limit", type=float, default=600.0, help="seconds per LP solve")
+    parser.add_argument(
+        "--lp-limit", type=float, default=600.0, help="seconds per LP solve (0: no LP)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
