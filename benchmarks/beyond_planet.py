@@ -104,7 +104,7 @@ def run_final(
         )
         row[f"alpha{its}"] = low[0].tolist()
         alpha[its] = stats
-    slopes = alpha[20]["final_slopes"]
+    slopes = alpha[20]["best_slopes"]
     c = output_functional(graph, C)
 
     def anderson(cfg):

@@ -139,7 +139,7 @@ def _initial_slopes(graph, box, C, c, config, given, deadline=None):
     low, up, intervals, stats = alpha_crown(
         graph, box, C, alpha_config, intervals=base, deadline=deadline
     )
-    return intervals, stats["final_slopes"], torch.cat([low, -up], dim=1)
+    return intervals, stats["best_slopes"], torch.cat([low, -up], dim=1)
 
 
 def _start(graph, box, C, net, c, config, given, deadline=None):
