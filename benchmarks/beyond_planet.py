@@ -41,7 +41,7 @@ from benchmarks.common import (
     write_json,
 )
 from bounds.dual import active_set, decompose, initial_duals, problem_from_intervals, proximal
-from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
+from bounds.dual.anderson import anderson_slopes, problem_from_graph
 from bounds.lp import LpConfig, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown_intervals, output_functional
@@ -108,13 +108,8 @@ def run_final(
     c = output_functional(graph, C)
 
     def anderson(cfg):
-        layers = anderson_layers(graph)
-        p = problem_from_graph(graph, box, intervals, c, layers)
-        pre = tuple(Interval(a, b) for a, b in zip(p.pre_lower, p.pre_upper))
-        init = active_set.big_m_from_slopes(
-            p, anderson_slopes(graph, layers, pre, slopes, c.shape[1])
-        )
-        return active_set.solve(p, cfg, init)
+        p = problem_from_graph(graph, box, intervals, c)
+        return active_set.solve(p, cfg, active_set.big_m_from_slopes(p, anderson_slopes(p, slopes)))
 
     t20 = row["alpha20_seconds"]
     for name, cfg in (("big-m", active_set.BigMConfig(iterations=config.iterations)),

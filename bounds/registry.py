@@ -183,11 +183,10 @@ def _anderson(graph, box, C, config, budget, given) -> MethodResult:
     the Big-M duals of the starting bound; never below it (nor the output's interval bound)."""
     deadline = deadline_of(budget)
     c = output_functional(graph, C)
-    layers = anderson_layers(graph)
+    layers = anderson_layers(graph)  # a typed refusal before any bound is computed
     intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
     problem = problem_from_graph(graph, box, intervals, c, layers)
-    pre = tuple(Interval(lo, up) for lo, up in zip(problem.pre_lower, problem.pre_upper))
-    init = big_m_from_slopes(problem, anderson_slopes(graph, layers, pre, slopes, c.shape[1]))
+    init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
     result = active_set.solve(problem, config, init, budget, deadline)
     best = torch.maximum(result.lower, floor)
     best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))

@@ -14,7 +14,6 @@ import verify
 from bounds.anderson_lp import anderson_lp
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
 from bounds.dual.anderson import (
-    anderson_layers,
     anderson_slopes,
     cut_terms,
     evaluate,
@@ -52,10 +51,7 @@ def _problem(graph, box, specs: int = 3, seed: int = 0):
     intervals = crown_intervals(graph, box)
     c = output_functional(graph, C)
     p = problem_from_graph(graph, box, intervals, c)
-    pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
-    init = big_m_from_slopes(
-        p, anderson_slopes(graph, anderson_layers(graph), pre, None, c.shape[1])
-    )
+    init = big_m_from_slopes(p, anderson_slopes(p, None))
     return p, init, C, intervals
 
 

@@ -35,13 +35,15 @@ from bounds.dual.anderson import (
     CutTerms,
     Duals,
     add_cuts,
+    candidates,
     cut_terms,
+    dual_value,
     evaluate,
     no_cuts,
     select_cuts,
     slacks,
 )
-from bounds.dual.anytime import Best, Clock, DecompositionOptions
+from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
 from bounds.methods.alpha_crown import adam_ascent
 from bounds.types import Budget, rounded_down
 
@@ -155,8 +157,6 @@ def _layer_scales(init: Duals) -> list[Tensor]:
         (init.alpha[k] + init.beta_u[k] + init.beta_l[k]).abs().mean(-1, keepdim=True)
         for k in range(H)
     ]
-    if not per:
-        return []
     top = torch.stack(per).amax(0)
     return [torch.maximum(s, 1e-6 * top + 1e-30) for s in per]
 
@@ -164,13 +164,24 @@ def _layer_scales(init: Duals) -> list[Tensor]:
 def _layout(scales: list[Tensor], widths: tuple[int, ...], cuts: tuple[Cuts, ...]) -> Layout:
     """The layout for hidden layers of `widths`, their `scales` and `cuts`."""
     sizes = (*widths, *widths, *widths, *(c.rows.shape[-1] for c in cuts))
-    if not sizes:
-        return Layout((), torch.zeros(0), torch.zeros(0))
     per = [*scales, *scales, *scales, *scales]
     scale = torch.cat([s.expand(*s.shape[:2], n) for s, n in zip(per, sizes)], -1)
     ones = [torch.ones_like(s).expand(*s.shape[:2], n) for s, n in zip(scales * 3, sizes)]
     active = ones + [c.active.to(scale.dtype) for c in cuts]
     return Layout(sizes, scale, torch.cat(active, -1))
+
+
+def _measured(
+    p: AndersonProblem, terms, cuts, layout: Layout, theta: Tensor, best_value: Tensor,
+    best_theta: Tensor,
+):  # fmt: skip
+    """`d` at `theta`: the minimiser, the normalised supergradient and the best-so-far update
+    `(x, grad, best_value, best_theta)`."""
+    value, x = evaluate(p, terms, cuts, layout.duals(theta))
+    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
+    improved = value > best_value
+    best = torch.where(improved.unsqueeze(-1), theta, best_theta)
+    return x, grad, torch.where(improved, value, best_value), best
 
 
 def as_step(
@@ -183,12 +194,11 @@ def as_step(
         (state.theta,), (state.grad,), (state.m,), (state.v,), state.t, lr,
         (lambda th: th.clamp_min(0) * layout.active,),
     )  # fmt: skip
-    value, x = evaluate(p, terms, cuts, layout.duals(theta))
-    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
-    improved = value > state.best_value
+    x, grad, best_value, best_theta = _measured(
+        p, terms, cuts, layout, theta, state.best_value, state.best_theta
+    )
     return State(
-        theta, grad, m, v, t, torch.where(improved, value, state.best_value),
-        torch.where(improved.unsqueeze(-1), theta, state.best_theta),
+        theta, grad, m, v, t, best_value, best_theta,
         tuple(s + xi for s, xi in zip(state.x_sum, x.x)),
         tuple(s + zi for s, zi in zip(state.z_sum, x.z)),
         state.count + 1,
@@ -200,34 +210,33 @@ def _start_state(
     t: Tensor, best_value: Tensor, best_theta: Tensor,
 ) -> State:  # fmt: skip
     """The state at `theta` with fresh minimiser sums (the minimiser at `theta` counted)."""
-    value, x = evaluate(p, terms, cuts, layout.duals(theta))
-    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
-    improved = value > best_value
-    return State(
-        theta, grad, m, v, t, torch.where(improved, value, best_value),
-        torch.where(improved.unsqueeze(-1), theta, best_theta), x.x, x.z, t.new_ones(()),
-    )  # fmt: skip
+    x, grad, best_value, best_theta = _measured(
+        p, terms, cuts, layout, theta, best_value, best_theta
+    )
+    return State(theta, grad, m, v, t, best_value, best_theta, x.x, x.z, t.new_ones(()))
 
 
-def _add_round(p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig):
-    """One cut round: the oracle at the minimisers' average, the new constraints appended
-    (their terms computed, the old ones kept); returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout
-    with zeros for the new multipliers."""
+def _add_round(
+    p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig, index: tuple
+):  # fmt: skip
+    """One cut round: the oracle at the minimisers' average on the candidate neurons `index`
+    (per layer), the new constraints appended (their terms computed, the old ones kept);
+    returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout with
+    zeros for the new multipliers."""
     H = p.layers.hidden
     xbar = tuple(s / state.count for s in state.x_sum)
     zbar = tuple(s / state.count for s in state.z_sum)
-    new_cuts, added = [], []
-    for k in range(H):
-        rows, mask, active = select_cuts(
-            p, k, xbar[k], xbar[k + 1], zbar[k], config.restrict, config.tolerance
-        )
-        new_cuts.append(add_cuts(cuts[k], rows, mask, active))
-        added.append(rows.shape[-1])
+    fresh = tuple(
+        Cuts(*select_cuts(p, k, xbar[k], xbar[k + 1], zbar[k], index[k], config.restrict,
+                          config.tolerance))
+        for k in range(H)
+    )  # fmt: skip
     old = [c.rows.shape[-1] for c in cuts]
-    fresh = (cut_terms(p, k, c.take(slice(r, None))) for k, (c, r) in enumerate(zip(new_cuts, old)))
+    added = [c.rows.shape[-1] for c in fresh]
+    new_terms = (cut_terms(p, k, c) for k, c in enumerate(fresh))
     terms = tuple(CutTerms(*(torch.cat(pair, 2) for pair in zip(t, f)))
-                  for t, f in zip(terms, fresh))  # fmt: skip
-    cuts = tuple(new_cuts)
+                  for t, f in zip(terms, new_terms))  # fmt: skip
+    cuts = tuple(add_cuts(c, *f) for c, f in zip(cuts, fresh))
     head = state.theta.shape[-1] - sum(old)
 
     def grow(flat: Tensor) -> Tensor:
@@ -238,11 +247,6 @@ def _add_round(p: AndersonProblem, cuts, terms, state: State, config: ActiveSetC
         return torch.cat(out, -1)
 
     return cuts, terms, grow
-
-
-def _step_size(config: ActiveSetConfig, it: int, total: int) -> float:
-    frac = it / max(1, total - 1)
-    return config.initial_step + frac * (config.final_step - config.initial_step)
 
 
 @dataclass(frozen=True)
@@ -268,7 +272,7 @@ def solve(
     H = p.layers.hidden
     clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
     if H == 0:  # an affine network: the box minimum is exact
-        value, _ = evaluate(p.to(torch.float64), (), (), init.to(torch.float64))
+        value = dual_value(p.to(torch.float64), (), init)
         stats = {**clock.stats(0), "cuts": [], "cut_rounds": 0}
         return ActiveSetResult(rounded_down(value, p.c.dtype), init, (), stats)
     tick = time.monotonic()
@@ -283,6 +287,7 @@ def solve(
     best_value = p.c.new_full(p.c.shape[:2], -torch.inf)
     t0 = p.c.new_zeros(())
     state = _start_state(p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta)
+    index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
@@ -290,23 +295,21 @@ def solve(
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
-            cuts, terms, grow = _add_round(p, cuts, terms, state, config)
+            cuts, terms, grow = _add_round(p, cuts, terms, state, config, index)
             layout = _layout(scales, widths, cuts)
             state = _start_state(
                 p, terms, cuts, layout, grow(state.theta), grow(state.m), grow(state.v),
                 state.t, state.best_value, grow(state.best_theta),
             )  # fmt: skip
             rounds += 1
-        lr = torch.full((), _step_size(config, it, clock.iterations), dtype=p.c.dtype,
-                        device=p.c.device)  # fmt: skip
+        step_size = linear_step(config.initial_step, config.final_step, it, clock.iterations)
+        lr = torch.full((), step_size, dtype=p.c.dtype, device=p.c.device)
         state = step(p, terms, cuts, layout, state, lr)
         done = it + 1
         if clock.checkpoint(it, Best(state.best_value, None)):
             break
     best = layout.duals(state.best_theta)
-    p64 = p.to(torch.float64)
-    terms64 = tuple(cut_terms(p64, k, cuts[k]) for k in range(H))
-    value, _ = evaluate(p64, terms64, cuts, best.to(torch.float64))
+    value = dual_value(p.to(torch.float64), cuts, best)
     stats = clock.stats(done)
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds

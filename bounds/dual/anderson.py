@@ -203,10 +203,6 @@ class Cuts(NamedTuple):
     mask: Tensor
     active: Tensor
 
-    def take(self, slots: slice) -> Cuts:
-        """The cuts in `slots` (a slice of the R axis)."""
-        return Cuts(self.rows[:, :, slots], self.mask[:, :, slots], self.active[:, :, slots])
-
 
 class CutTerms(NamedTuple):
     """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
@@ -371,29 +367,37 @@ def add_cuts(cuts: Cuts, rows: Tensor, mask: Tensor, active: Tensor) -> Cuts:
     )
 
 
-def select_cuts(
-    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, restrict: int | None,
-    tolerance: float,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """One new cut per ambiguous neuron of layer k at the point, the `restrict` most violated
-    per problem when set: `(rows, mask, active)`, active where the cut's violation exceeds both
-    Big-M constraints' by more than `tolerance` (relative to the neuron's pre-activation
-    range). The oracle runs on the ambiguous neurons only (padded per batch element)."""
-    lo, up = p.pre_lower[k], p.pre_upper[k]
-    ambiguous = (lo < 0) & (up > 0)  # [B, n]
+def candidates(p: AndersonProblem, k: int) -> Tensor:
+    """The ambiguous neurons of hidden layer k, `[B, R]` indices (the count of the batch
+    element with most, the others padded with stable neurons): the only ones the oracle
+    examines. Fixed for a problem, so a solver computes them once."""
+    ambiguous = (p.pre_lower[k] < 0) & (p.pre_upper[k] > 0)
     count = int(ambiguous.sum(-1).max())
+    order = torch.argsort(ambiguous.to(torch.int8), dim=-1, descending=True, stable=True)
+    return order[:, :count]
+
+
+def select_cuts(
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
+    restrict: int | None, tolerance: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """One new cut per ambiguous neuron of layer k (`index`: `candidates(p, k)`) at the
+    point, the `restrict` most violated per problem when set: `(rows, mask, active)`, active
+    where the cut's violation exceeds both Big-M constraints' by more than `tolerance`
+    (relative to the neuron's pre-activation range)."""
+    lo, up = p.pre_lower[k], p.pre_upper[k]
     B, S = x_out.shape[:2]
+    count = index.shape[1]
     if count == 0:
         empty = torch.zeros(B, S, 0, dtype=torch.long, device=lo.device)
         mask = torch.zeros(B, S, 0, x_in.shape[-1], dtype=torch.bool, device=lo.device)
         return empty, mask, empty.bool()
-    index = torch.argsort(ambiguous.to(torch.int8), dim=-1, descending=True, stable=True)[:, :count]
-    real = torch.gather(ambiguous, 1, index).unsqueeze(1)  # [B, 1, count]
+    l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
+    real = (l < 0) & (u > 0)  # [B, 1, count]: False on the padding
     violation, mask = most_violated(p, k, x_in, x_out, z, index)
     at = index.unsqueeze(1).expand(B, S, count)
     xh = torch.gather(p.layers.forward(k, x_in), 2, at)
     zz, xx = torch.gather(z, 2, at), torch.gather(x_out, 2, at)
-    l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
     big_m = torch.maximum(xx - u * zz, xx - xh + l * (1 - zz)).clamp_min(0)
     gain = (violation - big_m) / (u - l).clamp_min(1e-12)
     score = torch.where(real, gain, -torch.inf)
@@ -404,21 +408,27 @@ def select_cuts(
     return rows, picked, top > tolerance
 
 
-def anderson_slopes(
-    graph: Graph, layers: Layers, pre: tuple[Interval, ...], slopes: dict[str, Tensor] | None,
-    specs: int,
-) -> tuple[Tensor, ...]:  # fmt: skip
-    """Per hidden layer `[B, specs, n_k]`: the lower slopes of a CROWN pass, alpha-CROWN's
-    (`slopes`, by activation node, `[B, specs, *shape]`) when given, else each relaxation's
-    defaults for the bounds `pre`."""
-    out = []
-    for name, iv in zip(layers.act_names, pre):
+def anderson_slopes(p: AndersonProblem, slopes: dict[str, Tensor] | None) -> tuple[Tensor, ...]:
+    """Per hidden layer `[B, S, n_k]`: the lower slopes of a CROWN pass, alpha-CROWN's
+    (`slopes`, by activation node, `[B, S, *shape]`) when given, else each relaxation's
+    defaults for the problem's pre-activation bounds."""
+    B, S = p.c.shape[:2]
+    graph, out = p.layers.graph, []
+    for name, lo, up in zip(p.layers.act_names, p.pre_lower, p.pre_upper):
         if slopes is not None and name in slopes:
-            out.append(slopes[name].reshape(iv.lower.shape[0], specs, -1))
+            out.append(slopes[name].reshape(B, S, -1))
         else:
-            default = graph[name].op.relaxation.default_params(iv.lower, iv.upper)
-            out.append(default.unsqueeze(1).expand(-1, specs, -1))
+            default = graph[name].op.relaxation.default_params(lo, up)
+            out.append(default.unsqueeze(1).expand(-1, S, -1))
     return tuple(out)
+
+
+def dual_value(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) -> Tensor:
+    """`d` `[B, S]` at the duals `d` for these cuts, their terms computed in the problem's
+    dtype (a float64 problem: the float64 re-evaluation of a solver's duals)."""
+    terms = tuple(cut_terms(p, k, c) for k, c in enumerate(cuts))
+    value, _ = evaluate(p, terms, cuts, d.to(p.c.dtype))
+    return value
 
 
 def problem_from_graph(

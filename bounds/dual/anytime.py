@@ -41,6 +41,13 @@ class DecompositionOptions:
             raise ValueError("check_every must be >= 1 and intermediate_iterations >= 0")
 
 
+def linear_step(initial: float, final: float, it: int, total: int) -> float:
+    """Adam's step at iteration `it` of `total`, decayed linearly from `initial` to `final`
+    (Bunel et al., UAI 2020, Sec. 4.1; De Palma et al., ICLR 2021, Sec. 5)."""
+    frac = it / max(1, total - 1)
+    return initial + frac * (final - initial)
+
+
 @dataclass(frozen=True)
 class DualResult:
     """lower: `[B, S]` valid bounds (float64-checked); duals: the duals achieving them."""

@@ -89,11 +89,8 @@ def _active_set_bound(box: Interval, budget: Budget, deadline):
     config = active_set.ActiveSetConfig()
 
     def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
-        layers = anderson_layers(truncated.graph)
-        p = problem_from_layers(layers, box, intervals, c)
-        pre = tuple(Interval(lo, up) for lo, up in zip(p.pre_lower, p.pre_upper))
-        slopes = anderson_slopes(truncated.graph, layers, pre, None, c.shape[1])
-        init = active_set.big_m_from_slopes(p, slopes)
+        p = problem_from_layers(anderson_layers(truncated.graph), box, intervals, c)
+        init = active_set.big_m_from_slopes(p, anderson_slopes(p, None))
         return active_set.solve(p, config, init, budget, deadline).lower
 
     return bound

@@ -20,10 +20,10 @@ from bounds.dual import active_set
 from bounds.dual.anderson import (
     Layers,
     anderson_layers,
-    cut_terms,
+    anderson_slopes,
+    dual_value,
     problem_from_layers,
 )
-from bounds.dual.anderson import evaluate as anderson_value
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import evaluate, initial_duals, problem_from_intervals
 from bounds.dual.proximal import ProximalConfig, solve
@@ -74,9 +74,8 @@ def anderson_split_bounds(
     `anderson_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
     `iterations` Adam steps with the default cut schedule."""
     problem = problem_from_layers(net, box, intervals, c)
-    N, S = c.shape[:2]
-    flat = tuple(s.reshape(N, S, -1) for s in slopes)
-    init = active_set.big_m_from_slopes(problem, flat)
+    by_name = dict(zip(net.act_names, slopes))
+    init = active_set.big_m_from_slopes(problem, anderson_slopes(problem, by_name))
     config = active_set.ActiveSetConfig(iterations=iterations)
     result = active_set.solve(problem, config, init, deadline=deadline)
     if exact is None:
@@ -84,9 +83,7 @@ def anderson_split_bounds(
     net64, intervals64, c64 = exact
     box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
     p64 = problem_from_layers(net64, box64, intervals64, c64)
-    terms = tuple(cut_terms(p64, k, cuts) for k, cuts in enumerate(result.cuts))
-    value64, _ = anderson_value(p64, terms, result.cuts, result.duals.to(torch.float64))
-    return result.lower, value64
+    return result.lower, dual_value(p64, result.cuts, result.duals)
 
 
 HARD_BOUNDERS = {

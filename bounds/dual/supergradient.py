@@ -18,6 +18,7 @@ from bounds.dual.anytime import (
     DecompositionOptions,
     DualResult,
     finalize,
+    linear_step,
     problem_tensors,
 )
 from bounds.dual.decomposition import Problem, evaluate, supergradient
@@ -40,11 +41,6 @@ class SupergradientConfig(DecompositionOptions):
             raise ValueError("iterations must be >= 0")
         if not (self.initial_step > 0 and self.final_step > 0):
             raise ValueError("steps must be > 0")
-
-
-def _step_size(config: SupergradientConfig, it: int, total: int) -> float:
-    frac = it / max(1, total - 1)
-    return config.initial_step + frac * (config.final_step - config.initial_step)
 
 
 class AscentState(NamedTuple):
@@ -105,8 +101,8 @@ def solve(
         mark_batch_dynamic((problem_tensors(problem), state))
     it = 0
     for it in range(clock.iterations):
-        step = torch.full((), _step_size(config, it, clock.iterations), dtype=problem.c.dtype,
-                          device=problem.c.device)  # fmt: skip
+        size = linear_step(config.initial_step, config.final_step, it, clock.iterations)
+        step = torch.full((), size, dtype=problem.c.dtype, device=problem.c.device)
         state = step_fn(problem, state, step)
         if clock.checkpoint(it, Best(state.best_value, Duals(state.best_rho))):
             break
