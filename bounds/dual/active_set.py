@@ -251,7 +251,8 @@ def _add_round(
 
 @dataclass(frozen=True)
 class ActiveSetResult:
-    """lower `[B, S]` (float64-checked, rounded down to the problem's dtype), the best duals and the cuts they go with, stats."""
+    """lower `[B, S]` (float64-checked, rounded down to the problem's dtype), the best duals,
+    the cuts they go with, and stats."""
 
     lower: Tensor
     duals: Duals
@@ -266,9 +267,9 @@ def solve(
     """Maximise `d` from `init` (module docstring); never below `d(init)`. `cuts`: the
     constraints `init.beta_cut` belongs to (a warm start from an earlier result's `duals` and
     `cuts`), made in `rounds` rounds (its `stats['cut_rounds']`), which count towards
-    `max_cuts`; cut rounds then start at once. The budget's
-    seconds and `deadline` (`time.monotonic()`), whichever is first, are paced every
-    iteration (host clock), keeping time for the float64 re-evaluation."""
+    `max_cuts`; cut rounds then start at once. The budget's seconds and `deadline`
+    (`time.monotonic()`), whichever is first, are paced every iteration (host clock), keeping
+    time for the float64 re-evaluation."""
     H = p.layers.hidden
     clock = Clock.from_budget(budget, config.iterations, config.check_every, deadline)
     if H == 0:  # an affine network: the box minimum is exact
@@ -291,7 +292,7 @@ def solve(
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
-    it, done = 0, 0
+    done = 0
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
