@@ -44,6 +44,7 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 def run(
     bench: str, scale: float, limit: int | None, method: str | None, splitting: str, tag: str = "",
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
+    hard_stall: int = 0,
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
@@ -51,7 +52,8 @@ def run(
         "run-all", str(instances or folder / "instances.csv"), "--root", str(folder),
         "--out", str(RESULTS / f"{name}.csv"), "--timeout-scale", str(scale),
         "--splitting", splitting, "--prox-sweeps", str(prox_sweeps),
-        "--hard-bounder", hard_bounder, "--device", "cpu", "--threads", "1",
+        "--hard-bounder", hard_bounder, "--hard-stall", str(hard_stall), "--device", "cpu",
+        "--threads", "1",
     ]  # fmt: skip
     if method is not None:
         argv += ["--method", method]
@@ -67,6 +69,7 @@ def run(
         "splitting": splitting,
         "prox_sweeps": prox_sweeps,
         "hard_bounder": hard_bounder,
+        "hard_stall": hard_stall,
         "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -101,6 +104,7 @@ def main() -> None:
         "--hard-bounder", default="prox", choices=("prox", "active-set"),
         help="the bounder of --prox-sweeps (see python -m verify run -h)",
     )  # fmt: skip
+    parser.add_argument("--hard-stall", type=int, default=0, help="see python -m verify run -h")
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
@@ -109,7 +113,7 @@ def main() -> None:
         tag = f"_{args.tag}" if args.tag else ""
         payload = run(
             bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
-            args.prox_sweeps, args.instances, args.hard_bounder,
+            args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
         )  # fmt: skip
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])

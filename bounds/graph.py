@@ -24,7 +24,7 @@ from bounds.errors import (
     at_node,
 )
 from bounds.fx_handlers import INPUT, interpret
-from bounds.ops import ActivationOp, BoundOp
+from bounds.ops import ActivationOp, BoundOp, UnaryAffineOp
 from bounds.types import Interval
 
 EXAMPLE_BATCH = 2
@@ -80,6 +80,39 @@ class Graph:
     def pre_activation_names(self) -> list[str]:
         """Names of the nodes that feed an activation (whose bounds the relaxations need)."""
         return list(dict.fromkeys(name for n in self.activations() for name in n.inputs))
+
+    def split_pairs(self) -> list[tuple[str, str]]:
+        """`(activation, pre-activation)` node names in topological order, for splitting at 0:
+        every activation must be exact on each side of `xh = 0` (`Relaxation.split_at_zero`,
+        ReLU-like); UnsupportedOperationError naming the first that is not."""
+        pairs = []
+        for node in self.activations():
+            if not node.op.relaxation.split_at_zero:
+                raise UnsupportedOperationError(
+                    node.op.relaxation.name, node.name, "splitting at 0 does not make it exact"
+                )
+            pairs.append((node.name, node.inputs[0]))
+        return pairs
+
+    def bias_of(self, name: str, like: Tensor) -> Tensor:
+        """The bias the node `name` adds, broadcast to its shape and flattened `[numel]` in
+        `like`'s dtype and device (zeros where its op is not a single-input affine op with a
+        bias)."""
+        node = self[name]
+        bias = node.op.bias_vector() if isinstance(node.op, UnaryAffineOp) else None
+        n = int(torch.Size(node.shape).numel())
+        if bias is None:
+            return like.new_zeros(n)
+        return torch.broadcast_to(bias.to(like), node.shape).reshape(-1)
+
+    def side_slopes(self, name: str, like: Tensor) -> tuple[Tensor, Tensor]:
+        """`([numel], [numel])`: the activation node `name`'s slope below 0 and above 0 per
+        neuron, `f(0) - f(-1)` and `f(1) - f(0)` (exact for the `split_at_zero` activations:
+        linear on each side of 0; per-channel slopes included)."""
+        node = self[name]
+        f, ones = node.op.relaxation.forward, like.new_ones(1, *node.shape)
+        zero = f(0 * ones)
+        return (zero - f(-ones)).reshape(-1), (f(ones) - zero).reshape(-1)
 
     def forward(self, x: Tensor, *, all_values: bool = False) -> Tensor | dict[str, Tensor]:
         """Evaluate the network on `x` (`[batch, *input_shape]`)."""

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab as bab
-from verify.bab import BabConfig, BatchSizer, Domains, RegionBab
+import verify.bab.input_split as bab
+from verify.bab import BabConfig, BatchSizer, Domains, RegionBab, solve_region
 from verify.property import Polytope, Region, VnnlibProperty
 from verify.specs import region_proven, region_spec
 
@@ -91,13 +91,13 @@ def barely_violated(net: nn.Sequential, region: Region, depth: float = 0.01) -> 
 def test_pruning_alone_never_proves_a_violated_region(monkeypatch):
     """With the counterexample search switched off, branch and bound on barely violated
     regions must run out of time (only unsound pruning could empty the domain list)."""
-    monkeypatch.setattr(RegionBab, "_try_points", lambda self, domains: None)
-    monkeypatch.setattr(RegionBab, "_pgd", lambda self, domains: None)
+    monkeypatch.setattr(RegionBab, "_try_points", lambda self, points: None)
+    monkeypatch.setattr(RegionBab, "_attack", lambda self, children: None)
     gen = np.random.default_rng(0)
     for seed in range(6):
         net = mlp([2, 12, 12, 3], seed)
         region = barely_violated(net, random_region(gen, net))
-        outcome = bab.solve_region(net, region, time.monotonic() + 0.3)
+        outcome = solve_region(net, region, time.monotonic() + 0.3)
         assert outcome.status == "timeout", (seed, outcome.stats)
         assert outcome.stats["domains"] > 10
 
@@ -174,7 +174,7 @@ def test_out_of_memory_halves_the_batch(monkeypatch):
     upper = lower + 0.1
     want = real(net, lower=lower, upper=upper, C=runner.spec.C, method="crown").lower
     monkeypatch.setattr(bab, "bounds", limited)
-    got = runner._bound_rows(lower, upper, strong=False)
+    got = runner.bounder.bound_rows(lower, upper, strong=False)
     assert torch.allclose(got, want - runner.spec.b)
     assert sizes[0] == 64 and runner.sizer.size == 8 and max(sizes[-3:]) <= 8
 
@@ -187,7 +187,9 @@ def test_out_of_memory_everywhere_is_raised(monkeypatch):
     region = Region(-np.ones(3), np.ones(3), (Polytope(np.eye(2), np.zeros(2)),))
     runner = RegionBab(mlp([3, 4, 2], 0), region, BabConfig(batch_size=4, min_batch=1))
     with pytest.raises(RuntimeError, match="out of memory"):
-        runner._bound_rows(torch.zeros(4, 3).double(), torch.ones(4, 3).double(), strong=False)
+        runner.bounder.bound_rows(
+            torch.zeros(4, 3).double(), torch.ones(4, 3).double(), strong=False
+        )
 
 
 def test_vectorised_pruning_matches_region_proven():
@@ -209,7 +211,7 @@ def test_split_children_tile_the_parent():
     lower = runner.root[0]
     upper = torch.tensor([[0.5, 2.0, 1.0]], dtype=lower.dtype)  # normalised 0.5, 1, 0.25
     parent = Domains(lower, upper, torch.zeros(1, 1), torch.zeros(1), torch.zeros(1).long())
-    lo, up, depth = runner._split(parent, runner._scores(parent).argmax(dim=1))
+    lo, up, depth = runner.brancher.split(parent, runner.brancher.scores(parent).argmax(dim=1))
     assert depth.tolist() == [1, 1]
     assert torch.equal(lo[0], lower[0]) and torch.equal(up[1], upper[0])
     assert up[0, 1] == lo[1, 1] == 1.0

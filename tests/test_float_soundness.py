@@ -18,14 +18,13 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab as bab
+import verify.bab.input_split as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
 from tests.test_relu_bab import mlp
-from verify.bab import BabConfig, RegionBab
-from verify.bab_common import outward, rounded_down, rounded_up
+from verify.bab import BabConfig, RegionBab, ReluBab, ReluSplitConfig
+from verify.bab.common import outward, rounded_down, rounded_up
 from verify.property import Polytope, Region, VnnlibProperty
-from verify.relu_bab import ReluBab, ReluSplitConfig
 
 OFF = {"float64_recheck": False}
 
@@ -100,7 +99,7 @@ def test_the_recheck_keeps_the_rounded_domain_open(splitting, monkeypatch):
     searches = (RegionBab, ReluBab)
     for search in searches:
         monkeypatch.setattr(search, "_try_points", lambda self, *args: None)
-        monkeypatch.setattr(search, "_pgd", lambda self, *args: None)
+        monkeypatch.setattr(search, "_attack", lambda self, *args: None)
     result = verify.verify(net, prop, timeout=2, splitting=splitting)
     assert result.status in ("timeout", "unknown"), result.stats
     stats = result.stats["regions"][0]
@@ -149,7 +148,7 @@ def test_a_float32_bound_too_high_is_caught_in_relu_splitting(monkeypatch):
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     for search in (RegionBab, ReluBab):
         monkeypatch.setattr(search, "_try_points", lambda self, *args: None)
-        monkeypatch.setattr(search, "_pgd", lambda self, *args: None)
+        monkeypatch.setattr(search, "_attack", lambda self, *args: None)
     real = beta_crown.optimise
 
     def too_high(*args, **kwargs):
@@ -173,7 +172,7 @@ def test_a_float32_bound_too_high_is_caught_in_relu_splitting(monkeypatch):
 def test_a_float32_bound_too_high_is_caught_in_input_splitting(monkeypatch):
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     monkeypatch.setattr(RegionBab, "_try_points", lambda self, *args: None)
-    monkeypatch.setattr(RegionBab, "_pgd", lambda self, *args: None)
+    monkeypatch.setattr(RegionBab, "_attack", lambda self, *args: None)
     real = bab.bounds
 
     def too_high(net, **kwargs):
@@ -210,18 +209,20 @@ def test_relu_root_intervals_are_the_float64_ones_rounded_outwards():
     net, prop = milp_unsat(0)
     no_tightening = ReluSplitConfig(intermediate_iterations=0)
     runner = ReluBab(net, prop.regions[0], BabConfig(splitting="relu", relu=no_tightening))
-    runner._root()
-    assert runner.base.lower.dtype == torch.float32
-    assert runner.base64.lower.dtype == torch.float64
+    runner.begin()
+    easy = runner.bounder.easy
+    assert easy.base.lower.dtype == torch.float32
+    assert easy.base64.lower.dtype == torch.float64
     twin = verify.network_graph(copy.deepcopy(net).double(), (5,))
-    box = verify.Interval(runner.box.lower.double(), runner.box.upper.double())
+    box = runner.target.box
+    box = verify.Interval(box.lower.double(), box.upper.double())
     from bounds.methods.crown import crown_intervals
-    from verify.branching import flat_intervals
+    from verify.bab.relu_branching import flat_intervals
 
-    exact = flat_intervals(crown_intervals(twin, box), runner.layout)
-    assert (runner.base.lower.double() <= exact.lower).all()
-    assert (runner.base.upper.double() >= exact.upper).all()
-    assert torch.equal(runner.base64.lower, runner.base.lower.double())
+    exact = flat_intervals(crown_intervals(twin, box), runner.target.layout)
+    assert (easy.base.lower.double() <= exact.lower).all()
+    assert (easy.base.upper.double() >= exact.upper).all()
+    assert torch.equal(easy.base64.lower, easy.base.lower.double())
 
 
 def test_directed_rounding_helpers():

@@ -19,9 +19,8 @@ from bounds.errors import InvalidLimitError, ShapeMismatchError
 from bounds.methods import beta_crown
 from tests.bad_inputs.conftest import raises_where
 from verify.attack import AttackConfig, UnsafeSpec, find_counterexample, pgd
-from verify.bab import BabConfig
+from verify.bab import BabConfig, ReluBab, ReluSplitConfig
 from verify.property import Polytope, Region, VnnlibProperty
-from verify.relu_bab import ReluBab, ReluSplitConfig
 
 
 def allowed(limit: float) -> float:
@@ -136,14 +135,14 @@ def test_split_domain_optimisation_stops_before_its_deadline():
     net, prop = held_out_like(16)
     quick = ReluSplitConfig(root_iterations=1, intermediate_iterations=0)
     runner = ReluBab(net, prop.regions[0], BabConfig(splitting="relu", relu=quick))
-    roots, _ = runner._root()
+    roots, _ = runner.bounder.easy.root(runner._try_points)
     domains = roots.take(torch.zeros(256, dtype=torch.long))
-    rows = runner.rows_of[domains.poly]
-    layout = runner.layout
+    rows = runner.target.rows_of[domains.poly]
+    layout = runner.target.layout
     deadline = time.monotonic() + 1.0
     result, elapsed = timed(
-        beta_crown.optimise, runner.graph, runner.box, runner.spec.C[rows],
-        runner._intervals(domains.splits), layout.views(domains.splits, layout.pres),
+        beta_crown.optimise, runner.target.graph, runner.target.box, runner.spec.C[rows],
+        runner.bounder.easy.intervals(domains.splits), layout.views(domains.splits, layout.pres),
         layout.views(domains.alpha, layout.acts), layout.views(domains.beta, layout.acts),
         runner.settings.bound_config(100_000), deadline=deadline,
     )  # fmt: skip

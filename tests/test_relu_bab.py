@@ -16,17 +16,23 @@ from torch import nn
 import verify
 import verify.verifier as verifier
 from bounds.methods import beta_crown
-from bounds.methods.beta_crown import relu_nodes
 from bounds.methods.crown import crown
 from bounds.types import Interval
 from verify.api import network_graph
 from verify.attack import UnsafeSpec, violation
-from verify.bab import BabConfig, solve_region, splitting_mode
-from verify.bab_common import DeadlineReachedError
-from verify.branching import Layout, babsr_scores, branchable, side_slopes
+from verify.bab import (
+    BabConfig,
+    ReluBab,
+    ReluDomains,
+    ReluSplitConfig,
+    solve_region,
+    splitting_mode,
+)
+from verify.bab.common import DeadlineReachedError
+from verify.bab.relu_branching import Layout, babsr_scores, branchable, side_slopes
+from verify.bab.relu_split import ReluBounder
 from verify.cli import build_parser
 from verify.property import Polytope, Region, VnnlibProperty
-from verify.relu_bab import ReluBab, ReluDomains, ReluSplitConfig
 
 D = torch.float64
 
@@ -107,21 +113,21 @@ def random_domains(runner: ReluBab, n: int, depth: int, seed: int) -> ReluDomain
     signs taken from the activation pattern of a random point of the box (so that no domain
     is empty)."""
     gen = torch.Generator().manual_seed(seed)
-    roots, _ = runner._root()
+    roots, _ = runner.bounder.easy.root(runner._try_points)
     parent = roots.take(torch.zeros(n, dtype=torch.long))
-    box = runner.box
+    box = runner.target.box
     x = box.lower + torch.rand(n, *box.lower.shape[1:], generator=gen) * (box.upper - box.lower)
-    values = runner.graph.forward(x, all_values=True)
-    pattern = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1) >= 0
+    values = runner.target.graph.forward(x, all_values=True)
+    pattern = torch.cat([values[p].flatten(1) for p in runner.target.layout.pres], dim=1) >= 0
     splits = parent.splits.clone()
     for _ in range(depth):
-        flat = runner._flat_intervals(splits)
+        flat = runner.bounder.easy.flat_intervals(splits)
         mask = branchable(flat.lower, flat.upper, splits).float() + 1e-9
         pick = torch.multinomial(mask, 1, generator=gen).flatten()
         rows = torch.arange(n)
         splits[rows, pick] = pattern[rows, pick].to(torch.int8) * 2 - 1
     fields = (parent.alpha, parent.beta, parent.poly, parent.rows, parent.margin)
-    return ReluDomains(splits, *fields, parent.depth + depth)
+    return ReluDomains(splits, *fields, parent.depth + depth, parent.stall)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -131,11 +137,11 @@ def test_split_bounds_are_sound_on_their_domains(seed):
     region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
     runner = ReluBab(net, region, RELU)
     domains = random_domains(runner, 16, depth=4, seed=seed)
-    bounded, _ = runner._bound(domains, iterations=20)
+    bounded, _ = runner.bounder.easy.bound(domains, iterations=20)
     x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed)) * 2 - 1
-    values = runner.graph.forward(x, all_values=True)
-    pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)  # [X, n]
-    y = (values[runner.graph.output.name] @ runner.spec.C.T - runner.spec.b)[:, 0]
+    values = runner.target.graph.forward(x, all_values=True)
+    pre = torch.cat([values[p].flatten(1) for p in runner.target.layout.pres], dim=1)  # [X, n]
+    y = (values[runner.target.graph.output.name] @ runner.spec.C.T - runner.spec.b)[:, 0]
     checked = 0
     for i in range(len(bounded)):
         s = bounded.splits[i].float()
@@ -163,23 +169,23 @@ def test_fully_split_domain_is_exact_with_optimised_multipliers():
     net = mlp([2, 6, 2], 4)
     region = Region(-np.ones(2), np.ones(2), (Polytope(np.array([[1.0, 0.0]]), np.zeros(1)),))
     runner = ReluBab(net, region, RELU)
-    roots, _ = runner._root()
-    flat = runner._flat_intervals(roots.splits)
+    roots, _ = runner.bounder.easy.root(runner._try_points)
+    flat = runner.bounder.easy.flat_intervals(roots.splits)
     ambiguous = branchable(flat.lower, flat.upper, roots.splits)[0].nonzero().flatten()
     assert len(ambiguous) >= 2
     grid = torch.stack(torch.meshgrid(*[torch.linspace(-1, 1, 401)] * 2, indexing="ij"), -1)
     x = grid.reshape(-1, 2)
-    values = runner.graph.forward(x, all_values=True)
-    pre = values[runner.layout.pres[0]]
+    values = runner.target.graph.forward(x, all_values=True)
+    pre = values[runner.target.layout.pres[0]]
     pattern = (pre[:, ambiguous] >= 0).to(torch.int8) * 2 - 1
     split = pattern[0]  # the activation pattern of one corner: a non-empty domain
     inside = (pattern == split).all(dim=1)
     splits = roots.splits.clone()
     splits[0, ambiguous] = split
     domain = ReluDomains(splits, roots.alpha, roots.beta, roots.poly, roots.rows, roots.margin,
-                         roots.depth)  # fmt: skip
-    bounded, _ = runner._bound(domain, iterations=400)
-    truth = float(values[runner.graph.output.name][inside, 0].min())
+                         roots.depth, roots.stall)  # fmt: skip
+    bounded, _ = runner.bounder.easy.bound(domain, iterations=400)
+    truth = float(values[runner.target.graph.output.name][inside, 0].min())
     assert bounded.rows[0, 0] <= truth + 1e-5
     assert bounded.rows[0, 0] >= truth - 0.02 * (1 + abs(truth))
 
@@ -192,17 +198,19 @@ def test_children_start_at_their_parents_bound_where_the_lower_line_was_used():
     region = Region(-np.ones(4), np.ones(4), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
     runner = ReluBab(net, region, RELU)
     parent = random_domains(runner, 1, depth=3, seed=2)
-    parent = runner._bound(parent, iterations=10)[0]
-    C = runner.spec.C[runner.rows_of[parent.poly]]
-    before = runner._one_pass(parent.splits, parent.alpha, parent.beta, C).lower
-    lam = runner._coefficients(parent)
-    flat = runner._flat_intervals(parent.splits)
+    parent = runner.bounder.easy.bound(parent, iterations=10)[0]
+    C = runner.spec.C[runner.target.rows_of[parent.poly]]
+    before = runner.bounder.easy.one_pass(parent.splits, parent.alpha, parent.beta, C).lower
+    lam = runner.bounder.easy.coefficients(parent)
+    flat = runner.bounder.easy.flat_intervals(parent.splits)
     usable = branchable(flat.lower, flat.upper, parent.splits)[0] & (lam[0, 0] > 0)
     assert usable.any()
     for neuron in usable.nonzero().flatten()[:5]:
-        children = runner._split(parent, neuron.reshape(1), lam)
-        C2 = runner.spec.C[runner.rows_of[children.poly]]
-        after = runner._one_pass(children.splits, children.alpha, children.beta, C2).lower
+        children = runner.brancher.split(parent, neuron.reshape(1), lam)
+        C2 = runner.spec.C[runner.target.rows_of[children.poly]]
+        after = runner.bounder.easy.one_pass(
+            children.splits, children.alpha, children.beta, C2
+        ).lower
         assert torch.allclose(after, before.expand_as(after), atol=1e-5), (neuron, after, before)
 
 
@@ -281,7 +289,7 @@ def test_side_slopes_read_each_activation():
     with torch.no_grad():
         net[5].weight.copy_(torch.tensor([0.3, 1.5]))
     graph = network_graph(net, (2,))
-    layout = Layout.of(graph, relu_nodes(graph))
+    layout = Layout.of(graph, graph.split_pairs())
     below, above = side_slopes(graph, layout, torch.zeros(1, dtype=D))
     assert below.tolist() == pytest.approx([0, 0, 0, 0.2, 0.2, 0.3, 1.5])
     assert above.tolist() == pytest.approx([1.0] * 7)
@@ -299,7 +307,7 @@ def barely_violated(net: nn.Module, n_in: int, seed: int) -> Region:
 
 def test_pruning_alone_never_proves_a_violated_region(monkeypatch):
     monkeypatch.setattr(ReluBab, "_try_points", lambda self, points: None)
-    monkeypatch.setattr(ReluBab, "_pgd", lambda self: None)
+    monkeypatch.setattr(ReluBab, "_attack", lambda self, children: None)
     for seed in range(4):
         net = mlp([3, 16, 16, 2], seed)
         region = barely_violated(net, 3, seed)
@@ -329,7 +337,7 @@ def test_deadline_is_checked_between_chunks():
     domains = random_domains(runner, 4, depth=1, seed=0)
     runner.deadline = time.monotonic() - 1
     with pytest.raises(DeadlineReachedError):
-        runner._bound(domains, iterations=5)
+        runner.bounder.easy.bound(domains, iterations=5)
 
 
 def test_out_of_memory_halves_the_batch(monkeypatch):
@@ -337,8 +345,8 @@ def test_out_of_memory_halves_the_batch(monkeypatch):
     region = Region(-np.ones(3), np.ones(3), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
     runner = ReluBab(net, region, BabConfig(splitting="relu", batch_size=64, max_batch=64))
     domains = random_domains(runner, 40, depth=2, seed=1)
-    want, _ = runner._bound(domains, iterations=0)
-    real, sizes = ReluBab._bound_chunk, []
+    want, _ = runner.bounder.easy.bound(domains, iterations=0)
+    real, sizes = ReluBounder.bound_chunk, []
 
     def limited(self, chunk, iterations):
         sizes.append(len(chunk))
@@ -346,8 +354,8 @@ def test_out_of_memory_halves_the_batch(monkeypatch):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, chunk, iterations)
 
-    monkeypatch.setattr(ReluBab, "_bound_chunk", limited)
-    got, _ = runner._bound(domains, iterations=0)
+    monkeypatch.setattr(ReluBounder, "bound_chunk", limited)
+    got, _ = runner.bounder.easy.bound(domains, iterations=0)
     assert torch.allclose(got.rows, want.rows)
     assert sizes[0] == 40 and runner.sizer.size == 8 and max(sizes[-3:]) <= 8
 
@@ -390,12 +398,12 @@ def _stage_on_split_domains(seed: int, relu: ReluSplitConfig, dtype=torch.float6
     runner = ReluBab(net, region, BabConfig(splitting="relu", relu=relu))
     domains = random_domains(runner, 8, depth=3, seed=seed)
     tol = 1e-9 if dtype == torch.float64 else 1e-5  # float32: the start's own rounding
-    bound, bound64 = runner._prox(domains)
+    bound, bound64 = runner.bounder.hard.rows(domains)
     bound = bound[:, 0]
     x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    graph64 = runner.graph.to(torch.float64)
+    graph64 = runner.target.graph.to(torch.float64)
     values = graph64.forward(x * 2 - 1, all_values=True)
-    pre = torch.cat([values[p].flatten(1) for p in runner.layout.pres], dim=1)
+    pre = torch.cat([values[p].flatten(1) for p in runner.target.layout.pres], dim=1)
     C, b = runner.spec.C.double(), runner.spec.b.double()
     y = (values[graph64.output.name] @ C.T - b)[:, 0]
     for i in range(len(domains)):
@@ -403,7 +411,9 @@ def _stage_on_split_domains(seed: int, relu: ReluSplitConfig, dtype=torch.float6
         if inside.any():
             assert y[inside].min() >= float(bound[i]) - tol, i
     Cs = runner.spec.C[None].expand(len(domains), -1, -1)
-    one_pass = runner._one_pass(domains.splits, domains.alpha, torch.zeros_like(domains.beta), Cs)
+    one_pass = runner.bounder.easy.one_pass(
+        domains.splits, domains.alpha, torch.zeros_like(domains.beta), Cs
+    )
     start = one_pass.lower[:, 0] - runner.spec.b[0]
     assert (bound >= start - tol).all()
     assert (bound > start + 1e-6).any()  # the solver moved
@@ -417,10 +427,10 @@ def test_prox_bounds_of_split_domains_are_sound_and_below_the_lp(seed):
     intervals."""
     runner, domains, prox, _ = _stage_on_split_domains(seed, PROX)
     C = runner.spec.C[None].expand(len(domains), -1, -1)
-    intervals = runner._intervals(domains.splits)
+    intervals = runner.bounder.easy.intervals(domains.splits)
     lp = verify.bounds(
-        runner.graph, lower=runner.box.lower.expand(len(domains), 3),
-        upper=runner.box.upper.expand(len(domains), 3), C=C, method="lp", node_bounds=intervals,
+        runner.target.graph, lower=runner.target.box.lower.expand(len(domains), 3),
+        upper=runner.target.box.upper.expand(len(domains), 3), C=C, method="lp", node_bounds=intervals,
     ).lower[:, 0] - runner.spec.b[0]  # fmt: skip
     assert (prox <= lp + 1e-7).all(), (prox, lp)
 

@@ -37,11 +37,10 @@ from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods
 from verify import faults_cli
-from verify.bab import SPLITTINGS, BabConfig, splitting_mode
+from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib import load_vnnlib
 from verify.property import VnnlibProperty
-from verify.relu_bab import ReluSplitConfig
 from verify.verifier import STATUSES, VerificationResult, verify
 
 DEFAULT_METHOD = "crown"
@@ -129,6 +128,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         f"(default {ReluSplitConfig.hard_bounder})",
     )
     parser.add_argument(
+        "--hard-stall",
+        type=count_option(0),
+        default=ReluSplitConfig.hard_stall,
+        help="ReLU splitting: give a domain to the hard-domain bounder only once its bound has "
+        "improved little over this many splits in a row (the hard-subtree predictor; 0: every "
+        f"open domain; default {ReluSplitConfig.hard_stall})",
+    )
+    parser.add_argument(
         "--workers",
         type=count_option(1),
         help="worker processes on a Ray cluster (default 1: this process, no Ray); run-all "
@@ -189,7 +196,9 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     """The branch-and-bound settings the options change (the rest: defaults)."""
     sweeps = getattr(args, "prox_sweeps", ReluSplitConfig.prox_iterations)
     bounder = getattr(args, "hard_bounder", ReluSplitConfig.hard_bounder)
-    return BabConfig(relu=ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder))
+    stall = getattr(args, "hard_stall", ReluSplitConfig.hard_stall)
+    relu = ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder, hard_stall=stall)
+    return BabConfig(relu=relu)
 
 
 def check_method(args: argparse.Namespace, net: torch.nn.Module, prop, config: BabConfig) -> None:

@@ -5,7 +5,7 @@ Planet LP's).
 
 - Start: the Big-M duals that reproduce a CROWN / alpha-CROWN bound exactly
   (`big_m_from_slopes`: `d` at them equals that bound with the same lines and intervals).
-- Projected Adam (betas 0.9, 0.999; `bounds.methods.alpha_crown.adam_ascent`) on every dual,
+- Projected Adam (betas 0.9, 0.999; `bounds.optim.adam_ascent`) on every dual,
   each layer's multipliers normalised by their starting scale (Adam's steps are absolute; the
   duals of different layers and networks differ by orders of magnitude), the step decaying
   linearly from `initial_step` to `final_step`.
@@ -44,7 +44,7 @@ from bounds.dual.anderson import (
     slacks,
 )
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
-from bounds.methods.alpha_crown import adam_ascent
+from bounds.optim import adam_ascent
 from bounds.types import Budget, rounded_down
 
 

@@ -23,6 +23,7 @@ from bounds.dual.anytime import (
 )
 from bounds.dual.decomposition import Problem, evaluate, supergradient
 from bounds.dual.duals import Duals
+from bounds.optim import adam_ascent, identity
 from bounds.types import Budget
 
 
@@ -59,14 +60,9 @@ class AscentState(NamedTuple):
 def ascent_step(p: Problem, state: AscentState, step: Tensor) -> AscentState:
     """One Adam ascent step on `q` along the supergradient, then `q` and its supergradient at
     the new duals and the best-so-far update (pure: `torch.compile` fuses it)."""
-    t = state.t + 1
-    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
-    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(state.m, state.grad))
-    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(state.v, state.grad))
-    rho = Duals(
-        tuple(r + step * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8) for r, m_i, v_i in zip(
-            state.rho, m, v))
-    )  # fmt: skip
+    projections = (identity,) * len(state.rho)
+    params, m, v, t = adam_ascent(state.rho, state.grad, state.m, state.v, state.t, step, projections)
+    rho = Duals(params)
     value, solutions = evaluate(p, rho)
     improved = value > state.best_value
     best = rho.where(improved, Duals(state.best_rho))

@@ -51,6 +51,7 @@ from bounds.methods.crown import (
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.methods.patches import Windows, read_windows
+from bounds.optim import adam_ascent
 from bounds.types import Budget, Interval
 
 
@@ -96,25 +97,6 @@ class AlphaState(NamedTuple):
     best_lower: tuple[Tensor, ...]
     best_upper: tuple[Tensor, ...]
     best_slopes: tuple[Tensor, ...]
-
-
-def adam_ascent(
-    params: tuple[Tensor, ...], grads: tuple[Tensor, ...], m: tuple[Tensor, ...],
-    v: tuple[Tensor, ...], t: Tensor, lr: Tensor, projections: tuple[Callable, ...],
-) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], Tensor]:  # fmt: skip
-    """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, each
-    parameter then projected by its own `projections[i]` (its relaxation's `project`); returns
-    `(params, m, v, t)`. Written out (no torch.optim, whose import of torch._dynamo costs
-    seconds per process) and pure, so it compiles with the step."""
-    t = t + 1
-    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
-    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(m, grads))
-    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(v, grads))
-    new = tuple(
-        project(p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8))
-        for p, m_i, v_i, project in zip(params, m, v, projections)
-    )
-    return new, m, v, t
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
 from bounds.methods.crown import backward_pass, relax_backward
 from bounds.methods.pacing import Pacer
+from bounds.optim import adam_ascent
 from bounds.types import Interval
 
 
@@ -85,20 +86,6 @@ class SplitResult:
     iterations: int
     best_alpha: dict[str, Tensor] | None = None
     best_beta: dict[str, Tensor] | None = None
-
-
-def relu_nodes(graph: Graph) -> list[tuple[str, str]]:
-    """`(activation, pre-activation)` node names in topological order. Split bounds need every
-    activation to be exact on each side of `xh = 0` (`Relaxation.split_at_zero`: ReLU-like);
-    UnsupportedOperationError naming the first that is not."""
-    pairs = []
-    for node in graph.activations():
-        if not node.op.relaxation.split_at_zero:
-            raise UnsupportedOperationError(
-                node.op.relaxation.name, node.name, "splitting at 0 does not make it exact"
-            )
-        pairs.append((node.name, node.inputs[0]))
-    return pairs
 
 
 def split_intervals(base: dict[str, Interval], splits: dict[str, Tensor]) -> dict[str, Interval]:
@@ -155,34 +142,95 @@ def minimiser(input_coeff: Tensor, box: Interval) -> Tensor:
 def default_alpha(graph: Graph, intervals: dict[str, Interval], specs: int) -> dict[str, Tensor]:
     """CROWN's adaptive slopes, one copy per spec: `[N, S, *shape]` per activation."""
     out = {}
-    for act, pre in relu_nodes(graph):
+    for act, pre in graph.split_pairs():
         iv = intervals[pre]
         alpha = graph[act].op.relaxation.default_params(iv.lower, iv.upper).unsqueeze(1)
         out[act] = alpha.expand(alpha.shape[0], specs, *alpha.shape[2:]).clone()
     return out
 
 
-class _Adam:
-    """Adam (Kingma and Ba, 2015; betas 0.9, 0.999) on a list of tensors, each with its own
-    step and projection (alpha: its relaxation's `project`; beta onto [0, inf))."""
+class SplitProblem(NamedTuple):
+    """What stays fixed while alpha-beta-CROWN optimises: the graph, box, `C`, the split-clamped
+    intervals and the splits, the activation nodes whose slopes (`acts`) and split multipliers
+    (`betas`) are optimised, and their projections (the slopes': each relaxation's `project`;
+    the multipliers': onto `[0, inf)`)."""
 
-    def __init__(self, params: list[Tensor], lrs: list[float], projections: list[Callable]):
-        self.params, self.lrs, self.projections = params, lrs, projections
-        self.m = [torch.zeros_like(p) for p in params]
-        self.v = [torch.zeros_like(p) for p in params]
-        self.t = 0
+    graph: Graph
+    box: Interval
+    C: Tensor
+    intervals: dict[str, Interval]
+    splits: dict[str, Tensor]
+    acts: tuple[str, ...]
+    betas: tuple[str, ...]
 
-    @torch.no_grad()
-    def step(self, grads: tuple[Tensor, ...]) -> None:
-        """Descent on the loss (ascent on the bound), then projection."""
-        self.t += 1
-        c1, c2 = 1 - 0.9**self.t, 1 - 0.999**self.t
-        for p, g, m, v, lr, project in zip(
-            self.params, grads, self.m, self.v, self.lrs, self.projections
-        ):
-            m.mul_(0.9).add_(g, alpha=0.1)
-            v.mul_(0.999).addcmul_(g, g, value=0.001)
-            p.copy_(project(p - lr * (m / c1) / ((v / c2).sqrt() + 1e-8)))
+    def projections(self) -> tuple[Callable, ...]:
+        return tuple(self.graph[a].op.relaxation.project for a in self.acts) + (
+            _nonnegative,
+        ) * len(self.betas)
+
+    def pass_at(self, params: tuple[Tensor, ...]) -> SplitBackward:
+        """`backward` at the slopes and multipliers `params` (slopes first, in `acts` order)."""
+        n = len(self.acts)
+        alpha, beta = dict(zip(self.acts, params[:n])), dict(zip(self.betas, params[n:]))
+        return backward(self.graph, self.box, self.C, self.intervals, self.splits, alpha, beta)
+
+
+class SplitState(NamedTuple):
+    """The iterate (`params`: slopes, then multipliers), Adam's moments and step count (0-d),
+    the best bound per spec `[N, S]` and (with keep-best, else empty) the iterate of each
+    spec's best bound."""
+
+    params: tuple[Tensor, ...]
+    m: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    t: Tensor
+    best: Tensor
+    best_params: tuple[Tensor, ...]
+
+
+def beta_step(
+    p: SplitProblem, state: SplitState, lrs: tuple[Tensor, ...]
+) -> tuple[SplitState, SplitBackward]:
+    """One iteration: the bound at the current iterate (the best kept per spec), then one
+    projected Adam ascent step on the summed bound (`bounds.optim.adam_ascent`, each parameter
+    with its own step `lrs[i]`). Pure: a function of its arguments, returning a new state and
+    the pass at the iterate it started from."""
+    with torch.enable_grad():
+        params = tuple(x.detach().requires_grad_(True) for x in state.params)
+        last = p.pass_at(params)
+        grads = torch.autograd.grad(last.lower.sum(), params, allow_unused=True)
+    grads = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(params, grads))
+    kept = _kept(state, last.lower.detach(), state.params)
+    new, m, v, t = [], [], [], state.t
+    for i, project in enumerate(p.projections()):
+        (x,), (m_i,), (v_i,), t = adam_ascent(
+            (state.params[i],), (grads[i],), (state.m[i],), (state.v[i],), state.t, lrs[i],
+            (project,),
+        )  # fmt: skip
+        new.append(x)
+        m.append(m_i)
+        v.append(v_i)
+    state = SplitState(tuple(new), tuple(m), tuple(v), t, kept.best, kept.best_params)
+    return state, _detached_pass(last)
+
+
+def beta_evaluate(p: SplitProblem, state: SplitState) -> tuple[SplitState, SplitBackward]:
+    """`beta_step` without the gradient and the update (the last iteration)."""
+    with torch.no_grad():
+        last = p.pass_at(state.params)
+    return _kept(state, last.lower, state.params), last
+
+
+def _kept(state: SplitState, value: Tensor, params: tuple[Tensor, ...]) -> SplitState:
+    """`state` with the bounds `value [N, S]` kept where better, and (with keep-best) the
+    iterate `params` for those specs."""
+    improved = value > state.best
+    best = torch.where(improved, value, state.best)
+    kept = tuple(
+        torch.where(improved.reshape(*improved.shape, *([1] * (x.dim() - 2))), x.detach(), old)
+        for x, old in zip(params, state.best_params)
+    )
+    return SplitState(state.params, state.m, state.v, state.t, best, kept)
 
 
 def optimise(
@@ -199,65 +247,48 @@ def optimise(
     deadline: float | None = None,
     keep_best: bool = False,
 ) -> SplitResult:
-    """Best lower bounds of `C . y` over `config.iterations` Adam steps on `alpha` (in [0, 1])
-    and `beta` (>= 0, only split neurons matter), starting from the given ones (copied).
+    """Best lower bounds of `C . y` over `config.iterations` Adam steps (`beta_step`) on
+    `alpha` (in [0, 1]) and `beta` (>= 0, only split neurons matter), starting from the given
+    ones (copied).
 
     `target [N, S]`: stop once every domain has some spec whose bound exceeds its target;
     `deadline` (`time.monotonic()`): stop before an iteration predicted (host clock, from the
     previous ones) to end past it, and after one that passes it. Any iterate's bound is valid,
     so an early stop only loosens the result. `keep_best`: also return the iterate of each
     spec's best bound (`SplitResult.best_alpha`, `best_beta`)."""
-    alpha = {k: v.detach().clone().requires_grad_(True) for k, v in alpha.items()}
-    beta = {k: v.detach().clone().requires_grad_(True) for k, v in beta.items()}
-    params = list(alpha.values()) + list(beta.values())
-    lrs = [config.lr_alpha] * len(alpha) + [config.lr_beta] * len(beta)
-    projections = [graph[act].op.relaxation.project for act in alpha]
-    adam = _Adam(params, lrs, projections + [_nonnegative] * len(beta))
-    best, last_check, it, pacer = None, None, 0, Pacer(deadline)
-    kept: tuple[dict, dict] | None = None
+    p = SplitProblem(graph, box, C, intervals, splits, tuple(alpha), tuple(beta))
+    params = tuple(x.detach().clone() for x in (*alpha.values(), *beta.values()))
+    zeros = tuple(torch.zeros_like(x) for x in params)
+    best = C.new_full(C.shape[:2], -torch.inf)
+    kept = tuple(x.clone() for x in params) if keep_best else ()
+    state = SplitState(params, zeros, zeros, C.new_zeros(()), best, kept)
+    as_tensor = lambda lr: torch.full((), lr, dtype=C.dtype, device=C.device)  # noqa: E731
+    lrs = (as_tensor(config.lr_alpha),) * len(alpha) + (as_tensor(config.lr_beta),) * len(beta)
+    last_check, it, pacer = None, 0, Pacer(deadline)
     for it in range(config.iterations + 1):
-        with torch.enable_grad():
-            last = backward(graph, box, C, intervals, splits, alpha, beta)
-        value = last.lower.detach()
-        if keep_best:
-            kept = _keep_best(kept, value, best, alpha, beta)
-        best = value if best is None else torch.maximum(best, value)
-        if it == config.iterations or not params or _done(best, target, deadline):
+        if it == config.iterations or not params:
+            state, last = beta_evaluate(p, state)
             break
-        if pacer.done():  # the next iteration would end past the deadline
-            break
+        state, last = beta_step(p, state, lrs)
+        if _done(state.best, target, deadline) or pacer.done():
+            break  # (pacer: the next iteration would end past the deadline)
         if it and it % config.check_every == 0:
-            total = best.sum()
+            total = state.best.sum()
             if last_check is not None and total - last_check <= config.tolerance * (
                 1 + last_check.abs()
             ):
                 break
             last_check = total
-        grads = torch.autograd.grad(-last.lower.sum(), params, allow_unused=True)
-        adam.step(tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)))
-    best_alpha, best_beta = kept if kept is not None else (None, None)
-    return SplitResult(best, _detached(alpha), _detached(beta), _detached_pass(last), it,
-                       best_alpha, best_beta)  # fmt: skip
+    n = len(alpha)
+    best_alpha = dict(zip(p.acts, state.best_params[:n])) if keep_best else None
+    best_beta = dict(zip(p.betas, state.best_params[n:])) if keep_best else None
+    return SplitResult(state.best, dict(zip(p.acts, state.params[:n])),
+                       dict(zip(p.betas, state.params[n:])), last, it, best_alpha,
+                       best_beta)  # fmt: skip
 
 
 def _nonnegative(beta: Tensor) -> Tensor:
     return beta.clamp(min=0.0)
-
-
-def _keep_best(kept, value: Tensor, best: Tensor | None, alpha: dict, beta: dict):
-    """`(alpha, beta)` per spec from the iterate of `value [N, S]` where it beats `best`."""
-    if kept is None or best is None:
-        return _detached(alpha), _detached(beta)
-    improved = value > best
-
-    def pick(new: dict, old: dict) -> dict:
-        out = {}
-        for k, t in new.items():
-            mask = improved.reshape(*improved.shape, *([1] * (t.dim() - 2)))
-            out[k] = torch.where(mask, t.detach(), old[k])
-        return out
-
-    return pick(alpha, kept[0]), pick(beta, kept[1])
 
 
 def _detached(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -184,7 +184,7 @@ def test_limit_counts_valid_rows(files, capsys):
 SLOW_RUN_ALL = """
 import sys, time
 import verify.verifier as verifier
-from verify.bab_common import RegionOutcome
+from verify.bab.common import RegionOutcome
 
 
 def slow_region(net, region, deadline, config, seed):  # branch and bound that takes its time

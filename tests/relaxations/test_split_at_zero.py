@@ -98,7 +98,7 @@ def test_beta_crown_on_fully_split_domains(name, options, seed):
     graph = activation_graph(relaxation, sizes=(3, 6, 6, 2), seed=seed, scale=2.0)
     box = Interval(torch.full((1, 3), -1.0, dtype=D), torch.ones(1, 3, dtype=D))
     intervals = crown_intervals(graph, box)
-    pairs = beta_crown.relu_nodes(graph)
+    pairs = graph.split_pairs()
     gen = torch.Generator().manual_seed(seed)
     points = box.lower + torch.rand(3000, 3, generator=gen, dtype=D) * 2
     values = graph.forward(points, all_values=True)
@@ -137,7 +137,7 @@ def test_beta_crown_optimise_is_sound_on_partial_splits(name, options):
     graph = activation_graph(relaxation, sizes=(3, 6, 6, 2), seed=2, scale=2.0)
     box = Interval(torch.full((1, 3), -1.0, dtype=D), torch.ones(1, 3, dtype=D))
     intervals = crown_intervals(graph, box)
-    pairs = beta_crown.relu_nodes(graph)
+    pairs = graph.split_pairs()
     gen = torch.Generator().manual_seed(3)
     points = box.lower + torch.rand(4000, 3, generator=gen, dtype=D) * 2
     values = graph.forward(points, all_values=True)

@@ -1,11 +1,11 @@
 """The serial branch-and-bound searches, one step at a time over a given set of open domains:
 what a shard worker (and the coordinator, until the workers are up) runs.
 
-`InputShard` is `verify.bab.RegionBab` and `ReluShard` is `verify.relu_bab.ReluBab`; they add no
-bounding, pruning or counterexample logic of their own. A step is the body of the serial loop
-(`RegionBab._search`, `ReluBab._search`): pop the parents of smallest margin, `_children` /
-`_step` (bound the children, confirm every closing bound in float64, keep the open ones), try
-the open children's points, PGD now and then. So a domain is pruned by exactly the serial
+`InputShard` is `verify.bab.RegionBab` and `ReluShard` is `verify.bab.ReluBab`; they add no
+bounding, pruning or counterexample logic of their own. A step is the serial search's own
+`step` (`verify.bab.common.RegionSearch.step`): pop the parents of smallest margin, branch and
+bound them (every closing bound confirmed in float64, the open children kept), try the open
+children's points, PGD now and then. So a domain is pruned by exactly the serial
 procedure, wherever it runs, and a shard's "no open domain left" means what the serial "unsat"
 means. Domains travel between processes as the searches' own dataclasses (`Domains`,
 `ReluDomains`: boxes, bounds, depths, and for ReLU splitting the splits with their warm-start
@@ -18,7 +18,6 @@ domain is bounded against the same intervals as in the serial search.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,10 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from bounds.types import Interval
-from verify.bab import BabConfig, Domains, RegionBab, splitting_mode
-from verify.bab_common import DomainBatch
+from verify.bab import BabConfig, Domains, RegionBab, ReluBab, ReluDomains, splitting_mode
+from verify.bab.common import DomainBatch
 from verify.property import Polytope, Region, VnnlibProperty
-from verify.relu_bab import ReluBab, ReluDomains
 from verify.verifier import verify
 
 Found = tuple[Tensor, Tensor] | None
@@ -72,22 +70,8 @@ class Context:
 
 
 class InputShard(RegionBab):
-    """Input splitting, steppable (see the module docstring)."""
-
-    def __init__(self, net: nn.Module, region: Region, config: BabConfig, seed: int = 0):
-        super().__init__(net, region, config, seed)
-        self.last_attack = time.monotonic()
-
-    def begin(self) -> tuple[Domains, Found]:
-        """The region's box bounded, confirmed and tried (the serial root): its open domains
-        (none or the root) and a validated counterexample, if one was found."""
-        depth = torch.zeros(1, dtype=torch.long, device=self.device)
-        tick = time.perf_counter()
-        root, slopes = self._bound(*self.root, depth)
-        self.sizer.seed(time.perf_counter() - tick)
-        root = self._confirm(root, *slopes)
-        self.last_attack = time.monotonic()
-        return root.open(), self._try_points(root)
+    """Input splitting, steppable (see the module docstring): the serial search's own
+    `begin`, `step`, `too_many` and `unproven`, plus what a shard needs to join a run."""
 
     def context(self) -> Context:
         return Context(self.sizer.per_domain())
@@ -99,87 +83,26 @@ class InputShard(RegionBab):
     def receive(self, shard: Domains) -> Domains:
         return moved(shard, self.device)
 
-    def step(self, open_: Domains) -> tuple[Domains, Found]:
-        """One step of `RegionBab._search`'s loop on `open_` (the deadline must not have
-        passed): the open domains after it, and a validated counterexample if one was found."""
-        parents, rest = open_.pop(self._batch(self.deadline - time.monotonic()))
-        tick = time.perf_counter()
-        children, n_bounded = self._children(parents)
-        found = self._try_points(children)
-        if found is None and time.monotonic() - self.last_attack >= self.config.attack_every:
-            found, self.last_attack = self._pgd(children), time.monotonic()
-        if found is not None:
-            return open_, found
-        self.sizer.record(n_bounded, time.perf_counter() - tick)
-        open_ = Domains.cat([rest, children.open()])
-        self.stats["max_open"] = max(self.stats["max_open"], len(open_))
-        return open_, None
-
-    def too_many(self, open_: Domains) -> bool:
-        """Past the domain limit (the serial answer there is "unknown")."""
-        return len(open_) > self.config.max_domains
-
-    def unproven(self) -> int:
-        """Domains dropped without a proof (none in input splitting)."""
-        return 0
-
 
 class ReluShard(ReluBab):
     """ReLU splitting, steppable (see the module docstring)."""
 
-    def __init__(self, net: nn.Module, region: Region, config: BabConfig, seed: int = 0):
-        super().__init__(net, region, config)
-        self.last_attack = self.started = time.monotonic()
-
-    def begin(self) -> tuple[ReluDomains, Found]:
-        """The serial root (`ReluBab._root`: intermediate bounds, root bounds, their float64
-        confirmation and primal points): the open root domains and a counterexample or None."""
-        tick = time.perf_counter()
-        open_, found = self._root()
-        self.stats["root_seconds"] = round(time.perf_counter() - tick, 3)
-        self.last_attack = self.started = time.monotonic()
-        return open_, found
-
     def context(self) -> Context:
-        return Context(self.sizer.per_domain(), self.base, self.base64)
+        easy = self.bounder.easy
+        return Context(self.sizer.per_domain(), easy.base, easy.base64)
 
     def adopt(self, context: Context) -> None:
         """Bound against the coordinator's root intervals, as the serial search does."""
         if context.base is None or context.base64 is None:
             raise ValueError("a ReLU-splitting shard needs the root's intervals")
-        device = self.device
-        self.base = Interval(context.base.lower.to(device), context.base.upper.to(device))
-        self.base64 = Interval(context.base64.lower.to(device), context.base64.upper.to(device))
+        device, easy = self.device, self.bounder.easy
+        easy.base = Interval(context.base.lower.to(device), context.base.upper.to(device))
+        easy.base64 = Interval(context.base64.lower.to(device), context.base64.upper.to(device))
         if context.seed_cost is not None:
             self.sizer.seed(context.seed_cost)
 
     def receive(self, shard: ReluDomains) -> ReluDomains:
         return moved(shard, self.device)
-
-    def step(self, open_: ReluDomains) -> tuple[ReluDomains, Found]:
-        """One step of `ReluBab._search`'s loop on `open_` (see `InputShard.step`)."""
-        left = self.deadline - time.monotonic()
-        parents, rest = open_.pop(max(1, self.sizer.allowed(left) // 2))
-        tick = time.perf_counter()
-        children, found = self._step(parents)
-        if found is None and self._attack_due(self.last_attack, self.started):
-            tick_attack = time.monotonic()
-            found, self.last_attack = self._pgd(), time.monotonic()
-            self.stats["attack_seconds"] += self.last_attack - tick_attack
-        if found is not None:
-            return open_, found
-        self.sizer.record(2 * len(parents), time.perf_counter() - tick)
-        open_ = ReluDomains.cat([rest, children])
-        self.stats["max_open"] = max(self.stats["max_open"], len(open_))
-        return open_, None
-
-    def too_many(self, open_: ReluDomains) -> bool:
-        return len(open_) > self.max_open
-
-    def unproven(self) -> int:
-        """Domains with nothing left to split that their bound did not exclude: dropped from
-        the search, so the answer cannot be "unsat" (as in the serial search)."""
-        return int(self.stats["unsplittable"])
 
 
 def warm_up() -> None:

@@ -38,7 +38,7 @@ from torch import nn
 
 from verify.attack import validate
 from verify.bab import BabConfig
-from verify.bab_common import DeadlineReachedError, RegionOutcome
+from verify.bab.common import DeadlineReachedError, RegionOutcome
 from verify.distributed import cluster, progress
 from verify.distributed.board import Board
 from verify.distributed.searches import make_search, portable, shards_of
@@ -194,8 +194,6 @@ class Run:
         stats["mode"], stats["workers"] = self.mode, len(self.pool.actors)
         if not self.region.unsafe:
             return RegionOutcome("unsat", None, stats)
-        if self.mode == "relu" and search.rows_of is None:  # every point is unsafe: no search
-            return search.run(self.deadline)
         try:
             open_, found = search.begin()
             extra = 0  # steps after the workers are up, to have a shard for each

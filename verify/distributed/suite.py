@@ -59,6 +59,7 @@ class Settings:
     device: str
     threads: int
     hard_bounder: str = "prox"
+    hard_stall: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def solve_job(job: Job, settings: Settings) -> Answer:
     queued = max(0.0, time.time() - job.submitted)
     options = SimpleNamespace(method=settings.method, splitting=settings.splitting,
                               prox_sweeps=settings.prox_sweeps,
-                              hard_bounder=settings.hard_bounder)  # fmt: skip
+                              hard_bounder=settings.hard_bounder,
+                              hard_stall=settings.hard_stall)  # fmt: skip
     config = cli.bab_config(options)
     try:
         net = cached_network(job.network, settings.device)
@@ -141,8 +143,9 @@ def warm() -> int:
 
 def settings_of(args: argparse.Namespace) -> Settings:
     bounder = getattr(args, "hard_bounder", "prox")
+    stall = getattr(args, "hard_stall", 0)
     return Settings(
-        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder
+        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall
     )
 
 

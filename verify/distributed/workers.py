@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from verify.bab_common import DeadlineReachedError
+from verify.bab.common import DeadlineReachedError
 from verify.distributed.cluster import require_ray
 from verify.distributed.searches import Context, donation, portable, search_for, warm_up
 

@@ -33,62 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.graph import Graph
-from bounds.methods.beta_crown import BetaCrownConfig
-from bounds.ops import UnaryAffineOp
 from bounds.types import Interval
-
-BRANCHINGS = ("babsr", "fsb")
-
-
-@dataclass(frozen=True)
-class ReluSplitConfig:
-    """branching: "babsr" or "fsb" (the top fsb_candidates of BaBSR and of the intercept score,
-    each judged by its two children's one-pass bounds); root_iterations: Adam steps on the
-    root's slopes; intermediate_iterations: alpha-CROWN steps tightening the root's intermediate
-    bounds (0: CROWN's), within intermediate_share of the time left; iterations: Adam steps per
-    child batch (warm-started from the parent); lr_alpha, lr_beta: Adam's steps; final_iterations:
-    Adam steps for a domain with nothing left to split; max_memory_gb: the open domains' slopes
-    and multipliers beyond which the answer is "unknown" (with `BabConfig.max_domains`);
-    prox_iterations: iterations of the hard-domain bounder on the children of depth >=
-    prox_min_depth that alpha-beta-CROWN leaves open (0: off; see `ReluBab._prox`);
-    hard_bounder: that bounder, "prox" (the Planet relaxation by the proximal method: sweeps)
-    or "active-set" (the Anderson relaxation, tighter than Planet: Adam steps; ReLU chains).
-    Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20)."""
-
-    branching: str = "fsb"
-    fsb_candidates: int = 3
-    root_iterations: int = 50
-    intermediate_iterations: int = 20
-    intermediate_share: float = 0.2
-    iterations: int = 5
-    lr_alpha: float = 0.1
-    lr_beta: float = 0.05
-    final_iterations: int = 300
-    max_memory_gb: float = 4.0
-    prox_iterations: int = 0
-    prox_min_depth: int = 1
-    hard_bounder: str = "prox"
-
-    def __post_init__(self) -> None:
-        if self.hard_bounder not in HARD_BOUNDERS:
-            raise ValueError(
-                f"hard_bounder must be one of {tuple(HARD_BOUNDERS)}, got {self.hard_bounder!r}"
-            )
-        if self.branching not in BRANCHINGS:
-            raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
-        if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
-            raise ValueError("need fsb_candidates >= 1 and 0 <= intermediate_share <= 1")
-        counts = (self.root_iterations, self.intermediate_iterations, self.iterations,
-                  self.prox_iterations, self.prox_min_depth)  # fmt: skip
-        if min(*counts, self.final_iterations) < 0 or not (self.lr_alpha > 0 and self.lr_beta > 0):
-            raise ValueError("iteration counts must be >= 0 and learning rates > 0")
-        if not self.max_memory_gb > 0:
-            raise ValueError("max_memory_gb must be > 0")
-
-    def bound_config(self, iterations: int) -> BetaCrownConfig:
-        return BetaCrownConfig(iterations=iterations, lr_alpha=self.lr_alpha, lr_beta=self.lr_beta)
 
 
 @dataclass(frozen=True)
@@ -160,30 +106,14 @@ def polytope_rows(spec) -> Tensor | None:
 
 
 def pre_biases(graph: Graph, layout: Layout, like: Tensor) -> Tensor:
-    """`[total]`: the bias feeding each ReLU neuron (0 where the pre-activation op is not a
-    single-input affine op with a bias)."""
-    parts = []
-    for pre, shape, n in zip(layout.pres, layout.shapes, layout.sizes):
-        op = graph[pre].op
-        bias = op.bias_vector() if isinstance(op, UnaryAffineOp) else None
-        if bias is None:
-            parts.append(like.new_zeros(n))
-        else:
-            parts.append(torch.broadcast_to(bias.to(like), shape).reshape(-1))
-    return torch.cat(parts)
+    """`[total]`: the bias feeding each ReLU neuron (`Graph.bias_of` per pre-activation)."""
+    return torch.cat([graph.bias_of(pre, like) for pre in layout.pres])
 
 
 def side_slopes(graph: Graph, layout: Layout, like: Tensor) -> tuple[Tensor, Tensor]:
-    """`([total], [total])`: each neuron's slope below 0 and above 0, `f(0) - f(-1)` and
-    `f(1) - f(0)` of its activation (exact for the `split_at_zero` activations that branch and
-    bound splits: linear on each side of 0; per-channel slopes included)."""
-    below, above = [], []
-    for act, shape in zip(layout.acts, layout.shapes):
-        f = graph[act].op.relaxation.forward
-        ones = like.new_ones(1, *shape)
-        zero = f(0 * ones)
-        below.append((zero - f(-ones)).reshape(-1))
-        above.append((f(ones) - zero).reshape(-1))
+    """`([total], [total])`: each neuron's slope below 0 and above 0 (`Graph.side_slopes` per
+    activation)."""
+    below, above = zip(*(graph.side_slopes(act, like) for act in layout.acts))
     return torch.cat(below), torch.cat(above)
 
 

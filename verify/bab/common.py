@@ -1,6 +1,7 @@
-"""Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the outcome of
-one region, the deadline exception, the counterexample checks, the adaptive batch size, the
-outward-rounded root box and the float64 side of the searches (`Float64Check`).
+"""Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the one search
+loop (`RegionSearch.run`), the outcome of one region, the deadline exception, the
+counterexample checks, the adaptive batch size, the outward-rounded root box and the float64
+side of the searches (`Float64Check`).
 
 Soundness under rounding: a float32 search computes its bounds in float32, whose rounding can
 put a bound above the true minimum. A domain is therefore pruned only after the bound that
@@ -12,6 +13,7 @@ to float32 for the search) and still exceeds the threshold. Float64 networks nee
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
@@ -38,6 +40,7 @@ class DeadlineReachedError(Exception):
 
 
 D = TypeVar("D", bound="DomainBatch")
+Found = tuple[Tensor, Tensor] | None  # a validated counterexample (x, y), or None
 
 
 class DomainBatch:
@@ -55,6 +58,15 @@ class DomainBatch:
     def take(self: D, index: Tensor) -> D:
         return type(self)(*(t[index] for t in self._fields()))
 
+    def put(self: D, index: Tensor, other: D) -> D:
+        """A copy with the domains at `index` replaced by `other`'s (in order)."""
+        out = []
+        for mine, theirs in zip(self._fields(), other._fields()):
+            mine = mine.clone()
+            mine[index] = theirs
+            out.append(mine)
+        return type(self)(*out)
+
     def pop(self: D, n: int) -> tuple[D, D]:
         """The `n` domains of smallest margin, and the rest."""
         order = self.margin.argsort()
@@ -69,14 +81,21 @@ class DomainBatch:
         return cls(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
 
 
-class RegionSearch:
-    """Shared entry point of the branch-and-bound searches: `run(deadline)` sets the monotonic
-    deadline and turns `DeadlineReachedError` into a "timeout" outcome; subclasses implement
-    `_search()`, keep `stats` and set `net`, `region`, `shape`, `spec` and `value_tol`
-    (`value_tolerance`) for the counterexample checks below."""
+class RegionSearch(ABC):
+    """Base of the branch-and-bound searches: `run(deadline)` is the one search loop (over
+    `begin`, `step`, `too_many` and `unproven`, which subclasses implement); subclasses keep
+    `stats` and set `net`, `region`, `shape`, `spec` and `value_tol` (`value_tolerance`) for
+    the counterexample checks below."""
 
     deadline: float
     stats: dict
+    config: Any
+    sizer: BatchSizer
+    bounder: Any  # protocols.Bounder
+    brancher: Any  # protocols.Brancher
+    fanout: int  # children per parent
+    last_attack: float
+    started: float
     net: nn.Module
     region: Region
     shape: tuple[int, ...]
@@ -106,16 +125,84 @@ class RegionSearch:
         return None
 
     def run(self, deadline: float) -> RegionOutcome:
+        """The one search loop of branch and bound, over the `Search` protocol: `begin`, then
+        `step` until no domain is open, a counterexample is found, the deadline passes
+        ("timeout") or `too_many` domains are open ("unknown"); no domain left makes the answer
+        "unsat", unless some were dropped without a proof (`unproven`: "unknown")."""
         self.deadline = deadline
         if time.monotonic() >= deadline:
             return RegionOutcome("timeout", None, self.stats)
+        if not self.region.unsafe:  # no unsafe set: nothing to exclude
+            return RegionOutcome("unsat", None, self.stats)
         try:
-            return self._search()
+            open_, found = self.begin()
+            while found is None and len(open_):
+                if time.monotonic() >= self.deadline:
+                    return RegionOutcome("timeout", None, self.stats)
+                if self.too_many(open_):
+                    return RegionOutcome("unknown", None, self.stats)
+                open_, found = self.step(open_)
         except DeadlineReachedError:
             return RegionOutcome("timeout", None, self.stats)
+        if found is not None:
+            return RegionOutcome("sat", found, self.stats)
+        return RegionOutcome("unknown" if self.unproven() else "unsat", None, self.stats)
 
-    def _search(self) -> RegionOutcome:
-        raise NotImplementedError
+    # The `Search` protocol, implemented by the input- and ReLU-splitting searches (and driven
+    # step by step by the distributed shards, `verify.distributed`).
+
+    @abstractmethod
+    def begin(self) -> tuple[DomainBatch, Found]:
+        """The root: its open domains and a validated counterexample (or None)."""
+
+    def step(self, open_: DomainBatch) -> tuple[DomainBatch, Found]:
+        """One step on the open domains (the deadline must not have passed), over the
+        `Bounder` and `Brancher` protocols (`verify/bab/protocols.py`): pop the parents of
+        smallest margin (as many as `fanout` children each fit the batch), have `brancher` split
+        and bound them with `bounder`, try the children's points, attack now and then
+        (`_attack_due`, `_attack`), keep the open children. Returns the open domains after it
+        and a validated counterexample (or None)."""
+        left = self.deadline - time.monotonic()
+        parents, rest = open_.pop(max(1, self.sizer.allowed(left) // self.fanout))
+        tick = time.perf_counter()
+        got = self.brancher.children(parents, self.bounder)
+        found = got.found if got.found is not None else self._try_points(got.points)
+        if found is None and self._attack_due():
+            tick_attack = time.monotonic()
+            found = self._attack(got)
+            self.last_attack = time.monotonic()
+            self.stats["attack_seconds"] += self.last_attack - tick_attack
+            self.stats["attacks"] += 1
+        if found is not None:
+            return open_, found
+        self.sizer.record(got.bounded, time.perf_counter() - tick)
+        open_ = type(open_).cat([rest, got.domains])
+        self.stats["max_open"] = max(self.stats["max_open"], len(open_))
+        return open_, None
+
+    def _attack_due(self) -> bool:
+        """An attack every `attack_every` seconds, within 10% of the search time."""
+        now = time.monotonic()
+        due = now - self.last_attack >= self.config.attack_every
+        return due and self.stats["attack_seconds"] <= 0.1 * (now - self.started)
+
+    def _try_points(self, points: Tensor) -> Found:
+        """Evaluate `points [M, *input_shape]` (inside the box); validate the best ones."""
+        if not len(points):
+            return None
+        return self._validate_best(points, self._violations(points))
+
+    @abstractmethod
+    def _attack(self, children) -> Found:
+        """An attack (PGD) from the open `children` (`protocols.Children`)."""
+
+    @abstractmethod
+    def too_many(self, open_: DomainBatch) -> bool:
+        """Past the domain limit (the answer is then "unknown")."""
+
+    @abstractmethod
+    def unproven(self) -> int:
+        """How many domains were dropped without a proof."""
 
 
 @dataclass

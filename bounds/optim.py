@@ -1,0 +1,37 @@
+"""The one Adam of the bound methods: a pure, projected ascent step (Kingma and Ba, 2015,
+"Adam: a method for stochastic optimization", Algorithm 1; betas 0.9, 0.999, eps 1e-8).
+
+alpha-CROWN (slopes), beta-CROWN (slopes and split multipliers), the supergradient dual and the
+active set (Anderson duals) all ascend with it: it is written once, on tuples of tensors, and
+returns new tensors, so it compiles inside each method's step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+
+def identity(t: Tensor) -> Tensor:
+    """The projection of an unconstrained parameter."""
+    return t
+
+
+def adam_ascent(
+    params: tuple[Tensor, ...], grads: tuple[Tensor, ...], m: tuple[Tensor, ...],
+    v: tuple[Tensor, ...], t: Tensor, lr: Tensor, projections: tuple[Callable, ...],
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], Tensor]:  # fmt: skip
+    """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, each
+    parameter then projected by its own `projections[i]` (its relaxation's `project`); returns
+    `(params, m, v, t)`. Written out (no torch.optim, whose import of torch._dynamo costs
+    seconds per process) and pure, so it compiles with the step."""
+    t = t + 1
+    c1, c2 = 1 - 0.9**t, 1 - 0.999**t
+    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(m, grads))
+    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(v, grads))
+    new = tuple(
+        project(p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8))
+        for p, m_i, v_i, project in zip(params, m, v, projections)
+    )
+    return new, m, v, t
