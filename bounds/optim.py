@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 
@@ -20,18 +21,21 @@ def identity(t: Tensor) -> Tensor:
 
 def adam_ascent(
     params: tuple[Tensor, ...], grads: tuple[Tensor, ...], m: tuple[Tensor, ...],
-    v: tuple[Tensor, ...], t: Tensor, lr: Tensor, projections: tuple[Callable, ...],
+    v: tuple[Tensor, ...], t: Tensor, lr: Tensor | tuple[Tensor, ...],
+    projections: tuple[Callable, ...],
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], Tensor]:  # fmt: skip
     """One Adam step (Kingma and Ba, 2015; betas 0.9, 0.999) ascending along `grads`, each
-    parameter then projected by its own `projections[i]` (its relaxation's `project`); returns
-    `(params, m, v, t)`. Written out (no torch.optim, whose import of torch._dynamo costs
-    seconds per process) and pure, so it compiles with the step."""
+    parameter with its step (`lr`, or `lr[i]`) and then projected by its own `projections[i]`
+    (e.g. its relaxation's `project`); returns `(params, m, v, t)`. Written out (no torch.optim,
+    whose import of torch._dynamo costs seconds per process) and pure, so it compiles with the
+    step; the moments by `lerp` (`0.9 m + 0.1 g` in one op)."""
     t = t + 1
     c1, c2 = 1 - 0.9**t, 1 - 0.999**t
-    m = tuple(0.9 * m_i + 0.1 * g for m_i, g in zip(m, grads))
-    v = tuple(0.999 * v_i + 0.001 * g * g for v_i, g in zip(v, grads))
+    steps = lr if isinstance(lr, tuple) else (lr,) * len(params)
+    m = tuple(torch.lerp(m_i, g, 0.1) for m_i, g in zip(m, grads))
+    v = tuple(torch.lerp(v_i, g * g, 0.001) for v_i, g in zip(v, grads))
     new = tuple(
-        project(p + lr * (m_i / c1) / ((v_i / c2).sqrt() + 1e-8))
-        for p, m_i, v_i, project in zip(params, m, v, projections)
+        project(p + (step / c1) * m_i / ((v_i / c2).sqrt() + 1e-8))
+        for p, m_i, v_i, step, project in zip(params, m, v, steps, projections)
     )
     return new, m, v, t

@@ -201,16 +201,9 @@ def beta_step(
         grads = torch.autograd.grad(last.lower.sum(), params, allow_unused=True)
     grads = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(params, grads))
     kept = _kept(state, last.lower.detach(), state.params)
-    new, m, v, t = [], [], [], state.t
-    for i, project in enumerate(p.projections()):
-        (x,), (m_i,), (v_i,), t = adam_ascent(
-            (state.params[i],), (grads[i],), (state.m[i],), (state.v[i],), state.t, lrs[i],
-            (project,),
-        )  # fmt: skip
-        new.append(x)
-        m.append(m_i)
-        v.append(v_i)
-    state = SplitState(tuple(new), tuple(m), tuple(v), t, kept.best, kept.best_params)
+    params, m, v, t = adam_ascent(state.params, grads, state.m, state.v, state.t, lrs,
+                                  p.projections())  # fmt: skip
+    state = SplitState(params, m, v, t, kept.best, kept.best_params)
     return state, _detached_pass(last)
 
 
