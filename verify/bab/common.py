@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
@@ -40,6 +41,7 @@ class DeadlineReachedError(Exception):
 
 
 D = TypeVar("D", bound="DomainBatch")
+T = TypeVar("T")
 Found = tuple[Tensor, Tensor] | None  # a validated counterexample (x, y), or None
 
 
@@ -269,6 +271,32 @@ class BatchSizer:
         while nothing is measured)."""
         per = self.per_domain()
         return per is None or count * per <= seconds_left
+
+
+def in_chunks(
+    count: int, sizer: BatchSizer, deadline: float, bound: Callable[[slice], T],
+    whole: bool = False,
+) -> list[T]:  # fmt: skip
+    """`bound` over consecutive slices of `count` domains, each of the batch size (at most what
+    the time left allows, `BatchSizer.allowed`); on out-of-memory the sizer halves and the
+    slice is tried again (the error is raised once the size is 1). The deadline is checked
+    between slices (`DeadlineReachedError`); with `whole`, also before a slice predicted to end
+    past it (for bounders that cannot stop inside a slice)."""
+    out, start = [], 0
+    while start < count:
+        left = deadline - time.monotonic()
+        size = min(sizer.size, sizer.allowed(left))
+        if left <= 0 or (whole and not sizer.fits(min(size, count - start), left)):
+            raise DeadlineReachedError
+        try:
+            out.append(bound(slice(start, min(start + size, count))))
+        except RuntimeError as error:
+            if not is_out_of_memory(error) or sizer.size == 1:
+                raise
+            sizer.shrink()
+            continue
+        start += size
+    return out
 
 
 def is_out_of_memory(error: RuntimeError) -> bool:

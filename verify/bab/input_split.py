@@ -38,7 +38,7 @@ from verify.bab.common import (
     Float64Check,
     Found,
     RegionSearch,
-    is_out_of_memory,
+    in_chunks,
     outward_box,
     rounded_down,
 )
@@ -113,22 +113,10 @@ class InputBounder:
     ) -> Tensor:
         """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM);
         appends each chunk's alpha-CROWN best output slopes to `slopes` (when given)."""
-        out, start = [], 0
-        while start < lower.shape[0]:
-            left = self.deadline - time.monotonic()
-            size = min(self.sizer.size, self.sizer.allowed(left))
-            if left <= 0 or not self.sizer.fits(min(size, len(lower) - start), left):
-                raise DeadlineReachedError  # between chunks: no chunk ends past the deadline
-            chunk = slice(start, start + size)
-            try:
-                out.append(self._call_bounds(lower[chunk], upper[chunk], strong, slopes))
-            except RuntimeError as error:
-                if not is_out_of_memory(error) or self.sizer.size == 1:
-                    raise
-                self.sizer.shrink()
-                continue
-            start += size
-        return torch.cat(out)
+        def chunk(part: slice) -> Tensor:
+            return self._call_bounds(lower[part], upper[part], strong, slopes)
+
+        return torch.cat(in_chunks(len(lower), self.sizer, self.deadline, chunk, whole=True))
 
     def _call_bounds(
         self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None

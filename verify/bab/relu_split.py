@@ -58,7 +58,7 @@ from verify.bab.common import (
     Float64Check,
     Found,
     RegionSearch,
-    is_out_of_memory,
+    in_chunks,
     outward,
     outward_box,
     rounded_down,
@@ -274,25 +274,13 @@ class ReluBounder:
         margin > 0 (closed) is confirmed in float64."""
         t = self.t
         iterations = self.settings.iterations if iterations is None else iterations
-        parts, points, start = [], [], 0
-        while start < len(domains):
-            left = t.deadline - time.monotonic()
-            if left <= 0:
-                raise DeadlineReachedError
-            size = min(t.sizer.size, t.sizer.allowed(left))
-            chunk = domains.take(torch.arange(start, min(start + size, len(domains))))
-            try:
-                bounded, found = self.bound_chunk(chunk, iterations)
-            except RuntimeError as error:
-                if not is_out_of_memory(error) or t.sizer.size == 1:
-                    raise
-                t.sizer.shrink()
-                continue
-            parts.append(bounded)
-            points.append(found)
-            start += len(chunk)
+
+        def chunk(part: slice) -> tuple[ReluDomains, Tensor]:
+            return self.bound_chunk(domains.take(torch.arange(len(domains))[part]), iterations)
+
+        parts = in_chunks(len(domains), t.sizer, t.deadline, chunk)
         t.stats["domains"] += len(domains)
-        return ReluDomains.cat(parts), torch.cat(points)
+        return ReluDomains.cat([d for d, _ in parts]), torch.cat([x for _, x in parts])
 
     def bound_chunk(self, d: ReluDomains, iterations: int) -> tuple[ReluDomains, Tensor]:
         t = self.t
