@@ -13,6 +13,7 @@ from bounds.methods import beta_crown
 from tests.test_relu_bab import milp_property, mlp, random_domains
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig
 from verify.bab.relu_split import HardBounder, StratifiedBounder
+from verify.cli import bab_config, build_parser
 from verify.property import Polytope, Region
 
 STRATIFIED = ReluSplitConfig(
@@ -133,3 +134,12 @@ def test_domain_batches_put_replaces_rows():
     assert out.margin[3] == 7.0 and out.margin[1] == 8.0 and out.stall[1] == 4
     assert torch.equal(out.margin[[0, 2, 4]], d.margin[[0, 2, 4]])
     assert torch.equal(d.margin, before)  # the original is unchanged
+
+
+def test_the_cli_passes_the_stall_rule_to_the_search():
+    args = build_parser().parse_args(["run", "n.onnx", "p.vnnlib", "--timeout", "1",
+                                      "--prox-sweeps", "7", "--hard-stall", "3"])  # fmt: skip
+    relu = bab_config(args).relu
+    assert (relu.prox_iterations, relu.hard_stall) == (7, 3)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "n", "p", "--timeout", "1", "--hard-stall", "-1"])
