@@ -33,6 +33,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from bounds.compile import (
+    CompileMode,
+    check_mode,
+    mark_batch_dynamic,
+    should_compile,
+    step_function,
+)
 from bounds.graph import Graph
 from bounds.methods.crown import backward_pass, relax_backward
 from bounds.methods.pacing import Pacer
@@ -44,15 +51,18 @@ from bounds.types import Interval
 class BetaCrownConfig:
     """iterations: Adam steps (0: one pass with the given slopes); lr_alpha, lr_beta: Adam's
     steps for the slopes and the split multipliers; tolerance: stop when the summed bound
-    improved by less than this (relative) over the last `check_every` iterations."""
+    improved by less than this (relative) over the last `check_every` iterations; compile:
+    `torch.compile` the step (`beta_step`; "auto": on CUDA only)."""
 
     iterations: int = 20
     lr_alpha: float = 0.1
     lr_beta: float = 0.05
     check_every: int = 5
     tolerance: float = 1e-4
+    compile: CompileMode = "auto"
 
     def __post_init__(self) -> None:
+        check_mode(self.compile)
         if self.iterations < 0 or self.check_every < 1 or self.tolerance < 0:
             raise ValueError("need iterations >= 0, check_every >= 1 and tolerance >= 0")
         if not (self.lr_alpha > 0 and self.lr_beta > 0):
@@ -188,6 +198,12 @@ class SplitState(NamedTuple):
     best_params: tuple[Tensor, ...]
 
 
+def _objective(p: SplitProblem, params: tuple[Tensor, ...]):
+    """The summed bound at `params` (what Adam ascends) and the pass's parts."""
+    last = p.pass_at(params)
+    return last.lower.sum(), (last.lower, last.act_coeffs, last.input_coeff)
+
+
 def beta_step(
     p: SplitProblem, state: SplitState, lrs: tuple[Tensor, ...]
 ) -> tuple[SplitState, SplitBackward]:
@@ -195,11 +211,16 @@ def beta_step(
     projected Adam ascent step on the summed bound (`bounds.optim.adam_ascent`, each parameter
     with its own step `lrs[i]`). Pure: a function of its arguments, returning a new state and
     the pass at the iterate it started from."""
-    with torch.enable_grad():
-        params = tuple(x.detach().requires_grad_(True) for x in state.params)
-        last = p.pass_at(params)
-        grads = torch.autograd.grad(last.lower.sum(), params, allow_unused=True)
-    grads = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(params, grads))
+    if torch.compiler.is_compiling():  # Dynamo traces torch.func (autograd.grad would break)
+        grads, aux = torch.func.grad(_objective, argnums=1, has_aux=True)(p, state.params)
+        last = SplitBackward(*aux)
+    else:
+        with torch.enable_grad():
+            params = tuple(x.detach().requires_grad_(True) for x in state.params)
+            total, aux = _objective(p, params)
+            grads = torch.autograd.grad(total, params, allow_unused=True)
+        last = SplitBackward(*aux)
+        grads = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(params, grads))
     kept = _kept(state, last.lower.detach(), state.params)
     params, m, v, t = adam_ascent(state.params, grads, state.m, state.v, state.t, lrs,
                                   p.projections())  # fmt: skip
@@ -251,18 +272,23 @@ def optimise(
     spec's best bound (`SplitResult.best_alpha`, `best_beta`)."""
     p = SplitProblem(graph, box, C, intervals, splits, tuple(alpha), tuple(beta))
     params = tuple(x.detach().clone() for x in (*alpha.values(), *beta.values()))
-    zeros = tuple(torch.zeros_like(x) for x in params)
+    m, v = (tuple(torch.zeros_like(x) for x in params) for _ in range(2))  # no aliasing
     best = C.new_full(C.shape[:2], -torch.inf)
     kept = tuple(x.clone() for x in params) if keep_best else ()
-    state = SplitState(params, zeros, zeros, C.new_zeros(()), best, kept)
+    state = SplitState(params, m, v, C.new_zeros(()), best, kept)
     as_tensor = lambda lr: torch.full((), lr, dtype=C.dtype, device=C.device)  # noqa: E731
     lrs = (as_tensor(config.lr_alpha),) * len(alpha) + (as_tensor(config.lr_beta),) * len(beta)
     last_check, it, pacer = None, 0, Pacer(deadline)
+    use = should_compile(config.compile, C.device) and config.iterations > 0 and bool(params)
+    step = step_function(beta_step, use)
+    if use:
+        bounds_ = [x for iv in intervals.values() for x in (iv.lower, iv.upper)]
+        mark_batch_dynamic((C, box.lower, box.upper, state, bounds_, list(splits.values())))
     for it in range(config.iterations + 1):
         if it == config.iterations or not params:
             state, last = beta_evaluate(p, state)
             break
-        state, last = beta_step(p, state, lrs)
+        state, last = step(p, state, lrs)
         if _done(state.best, target, deadline) or pacer.done():
             break  # (pacer: the next iteration would end past the deadline)
         if it and it % config.check_every == 0:
