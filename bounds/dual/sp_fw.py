@@ -186,13 +186,17 @@ def statistics_value(p: AndersonProblem, s: Statistics) -> tuple[Tensor, Primal]
 class Rows(NamedTuple):
     """The oracle's data for one hidden layer, fixed for a problem: the candidate (ambiguous)
     neurons `index` `[B, R]` (`anderson.candidates`), `real` `[B, 1, R]` (False on padding),
-    their weight rows `W` `[B, R, n_in]` and `(W L, W U)` (`AndersonProblem.ends`)."""
+    their weight rows `W` `[B, R, n_in]`, `WL` (`W_ij L_ij`, `AndersonProblem.ends`), `span`
+    (`W_ij (U_ij - L_ij) >= 0`), both side by side in `ends` `[B, R, n_in, 2]`, and `top`
+    `[B, R]` (`b_i + sum_j W_ij U_ij`)."""
 
     index: Tensor
     real: Tensor
     W: Tensor
     WL: Tensor
-    WU: Tensor
+    span: Tensor
+    ends: Tensor
+    top: Tensor
 
 
 def candidate_rows(p: AndersonProblem, k: int) -> Rows:
@@ -200,7 +204,10 @@ def candidate_rows(p: AndersonProblem, k: int) -> Rows:
     lo, up = torch.gather(p.pre_lower[k], 1, index), torch.gather(p.pre_upper[k], 1, index)
     W = p.layers.rows(k, index)
     WL, WU = p.ends(k, W)
-    return Rows(index, ((lo < 0) & (up > 0)).unsqueeze(1), W, WL, WU)
+    top = p.layers.biases[k][index] + WU.sum(-1)
+    span = WU - WL
+    real = ((lo < 0) & (up > 0)).unsqueeze(1)
+    return Rows(index, real, W, WL, span, torch.stack([WL, span], -1), top)
 
 
 def _cut_vertex(
@@ -212,32 +219,38 @@ def _cut_vertex(
     LMO's part on them: the cut takes the mass `m_beta` where it is violated more than
     `big_m` (the larger Big-M violation). Returns `(wins [B, S, R], sum of m (W . I)^T
     [B, S, n_in], m kappa_I [B, S, R], m zeta_I [B, S, R])`, computed in chunks of neurons
-    (about `chunk` elements each), the masks never kept."""
+    (about `chunk` elements each), the masks never kept.
+
+    With `delta_j = W_ij x_j - W_ij L_ij - z W_ij (U_ij - L_ij)` (the oracle's two terms'
+    difference), `j in I` iff `delta_j <= 0`, the least right-hand side is `z (b + sum_j W_ij
+    U_ij) + sum_j min(delta_j, 0)`, `kappa_I = -sum_{j in I} W_ij L_ij` and `zeta_I = b +
+    sum_j W_ij U_ij - sum_{j in I} W_ij (U_ij - L_ij)`."""
     B, S = x_out.shape[:2]
     n_in, R = x_in.shape[-1], rows.index.shape[1]
-    b = p.layers.biases[k]
     step = max(1, chunk // max(1, B * S * n_in))
     beta_W = x_in.new_zeros(B, S, n_in)
+    x_rows = x_in.unsqueeze(1)  # [B, 1, S, n_in]: the chunk's tensors are [B, r, S, n_in]
     wins, kappas, zetas = [], [], []
     for start in range(0, R, step):
         part = slice(start, start + step)
         idx = rows.index[:, part]
         at = idx.unsqueeze(1).expand(B, S, idx.shape[1])
-        W, WL, WU = rows.W[:, part].unsqueeze(1), rows.WL[:, part].unsqueeze(1), rows.WU[:, part]
+        W, top = rows.W[:, part].unsqueeze(2), rows.top[:, part].unsqueeze(1)
         zz = torch.gather(z, 2, at)
-        inside = W * x_in.unsqueeze(2) - WL * (1 - zz.unsqueeze(-1))
-        outside = WU.unsqueeze(1) * zz.unsqueeze(-1)
-        mask = (inside <= outside).to(x_in.dtype)
-        in_L = (mask * WL).sum(-1)
-        zeta = b[idx].unsqueeze(1) + ((1 - mask) * WU.unsqueeze(1)).sum(-1) + in_L
-        rhs = b[idx].unsqueeze(1) * zz + torch.minimum(inside, outside).sum(-1)
+        delta = W * x_rows
+        delta.sub_(rows.WL[:, part].unsqueeze(2))
+        delta.addcmul_(zz.transpose(1, 2).unsqueeze(-1), rows.span[:, part].unsqueeze(2), value=-1)
+        chosen = (delta <= 0).to(x_in.dtype)  # the mask of I
+        rhs = zz * top + delta.clamp_max_(0).sum(-1).transpose(1, 2)
         violation = torch.gather(x_out, 2, at) - rhs
         win = rows.real[:, :, part] & (violation > torch.gather(big_m, 2, at).clamp_min(0))
         mass = torch.gather(m_beta, 2, at) * win
-        beta_W = beta_W + torch.einsum("bsr,bsri->bsi", mass, W * mask)
+        in_I = torch.matmul(chosen, rows.ends[:, part]).transpose(1, 2)  # [B, S, r, 2]
+        chosen.mul_(mass.transpose(1, 2).unsqueeze(-1)).mul_(W)
+        beta_W = beta_W + chosen.sum(1)
         wins.append(win)
-        kappas.append(-mass * in_L)
-        zetas.append(mass * zeta)
+        kappas.append(-mass * in_I[..., 0])
+        zetas.append(mass * (top - in_I[..., 1]))
     if not wins:
         empty = x_out.new_zeros(B, S, 0)
         return empty.bool(), beta_W, empty, empty
