@@ -185,14 +185,20 @@ def part_final(
     return rows
 
 
+def _share(flags: list[bool]) -> str:
+    return f"{sum(flags)}/{len(flags)} ({sum(flags) / len(flags):.0%})" if flags else "-"
+
+
 def final_table(rows: list[dict]) -> str:
     """Per suite: mean bound / mean seconds per method (the LP's over the instances it solved
-    within its limit), the share of specs where active-set beats the LP, and the time ratio."""
+    within its limit), the share of specs where active-set (and sp-fw) beat the LP, and the
+    time ratio."""
     suites = sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index)
     head = "| suite | n | " + " | ".join(f"{m} bound / s" for m in METHODS)
-    head += " | active-set > LP | AS time / a200 time |"
-    lines = [head, "|" + "---|" * (len(METHODS) + 4)]
+    head += " | active-set > LP | sp-fw > LP | AS time / a200 time |"
+    lines = [head, "|" + "---|" * (len(METHODS) + 5)]
     everything: list[bool] = []
+    everything_sp: list[bool] = []
     for suite in suites:
         chosen = [r for r in rows if r["suite"] == suite]
         cells = []
@@ -207,19 +213,23 @@ def final_table(rows: list[dict]) -> str:
             secs = sum(r[m + "_seconds"] for r in with_values) / len(with_values)
             cells.append(f"{sum(values) / len(values):.4f} / {secs:.2f}")
         above = [a for r in chosen if r["above_lp"] is not None for a in r["above_lp"]]
+        above_sp = [
+            a for r in chosen if r["sp-fw_above_lp"] is not None for a in r["sp-fw_above_lp"]
+        ]
         everything += above
+        everything_sp += above_sp
         ratio = sum(r["active-set_seconds"] for r in chosen) / sum(
             r["alpha200_seconds"] for r in chosen
         )
-        share = f"{sum(above)}/{len(above)} ({sum(above) / len(above):.0%})" if above else "-"
         lines.append(
-            f"| {suite} | {len(chosen)} | " + " | ".join(cells) + f" | {share} | {ratio:.2f} |"
-        )
+            f"| {suite} | {len(chosen)} | " + " | ".join(cells)
+            + f" | {_share(above)} | {_share(above_sp)} | {ratio:.2f} |"
+        )  # fmt: skip
     ratio = sum(r["active-set_seconds"] for r in rows) / sum(r["alpha200_seconds"] for r in rows)
-    share = f"{sum(everything)}/{len(everything)} ({sum(everything) / max(1, len(everything)):.0%})"
     lines.append(
-        f"| **all** | {len(rows)} |" + " |" * len(METHODS) + f" **{share}** | **{ratio:.2f}** |"
-    )
+        f"| **all** | {len(rows)} |" + " |" * len(METHODS)
+        + f" **{_share(everything)}** | **{_share(everything_sp)}** | **{ratio:.2f}** |"
+    )  # fmt: skip
     return "\n".join(lines)
 
 

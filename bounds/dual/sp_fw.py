@@ -17,7 +17,7 @@ The primal iterate averages the minimisers, so its `z` is fractional and the ora
 Anderson constraints that Big-M's integral minimisers never violate. The betas are kept only
 through sums per layer (`Statistics`), which is all the dual value needs: memory is linear in
 the network, with no mask per constraint. `M` starts at `m_factor` times the Big-M duals per
-neuron (a hundredth of the layer's largest where they are 0) and doubles where an iterate
+neuron (a hundredth of the problem's largest where they are 0) and doubles where an iterate
 reaches 0.99 M (on the device, no host sync).
 
 Start: the Big-M duals of `active_set.solve` with `BigMConfig` (projected Adam from the
@@ -153,34 +153,50 @@ def statistics_from_duals(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) 
     return Statistics(*(tuple(o) for o in out))
 
 
-def statistics_value(p: AndersonProblem, s: Statistics) -> tuple[Tensor, Primal]:
-    """The dual value `d` `[B, S]` at the duals whose sums are `s`, and the Lagrangian's
-    minimiser. The dual of `bounds.dual.anderson` (JMLR 2024, Sec. 5; ALGORITHMS.md 1b)
-    depends on the betas only through these sums:
+def lagrangian_coefficients(
+    p: AndersonProblem, s: Statistics
+) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """The Lagrangian at the duals whose sums are `s` as a function of the primal: its
+    constant `[B, S]`, the coefficients `f` of every `x` (the input's first, then each hidden
+    layer's output, `[B, S, n]`) and `g` (`-g` is the coefficient of `z`, per hidden layer):
 
-        d = c . b_H + sum_k (alpha_k . b_k - 1 . beta_kappa_k + min_{x_k} f_k . x_k
-            - 1 . [beta_zeta_k]_+) + min_{x_{-1}} f_{-1} . x_{-1},
+        L = const + sum_k f_k . x_k - sum_k g_k . z_k,
+        const = c . b_H + sum_k (alpha_k . b_k - 1 . beta_kappa_k),
         f_k = W_{k+1}^T alpha_{k+1} - beta_W_{k+1} - alpha_k + beta_k   (c for alpha_H),
+        g_k = beta_zeta_k
 
-    the minima over the boxes; it equals `anderson.evaluate` at any duals with these sums
-    (`statistics_from_duals`), and is a valid lower bound whenever the sums are those of
-    nonnegative multipliers."""
+    (JMLR 2024, Sec. 5; ALGORITHMS.md 1b, with the betas through their sums)."""
     layers, b = p.layers, p.layers.biases
     H = layers.hidden
-    value = (p.c * b[H]).sum(-1)
+    const = (p.c * b[H]).sum(-1)
     above = layers.adjoint(H, p.c)
-    xs: list[Tensor | None] = [None] * (H + 1)
-    zs: list[Tensor | None] = [None] * H
+    fs: list[Tensor | None] = [None] * (H + 1)
     for k in range(H - 1, -1, -1):
-        f = above - s.alpha[k] + s.beta[k]
-        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
-        g = s.beta_zeta[k]
-        zs[k] = (g >= 0).to(g.dtype)
-        value = value + box_value - torch.relu(g).sum(-1)
-        value = value + (s.alpha[k] * b[k]).sum(-1) - s.beta_kappa[k].sum(-1)
+        fs[k + 1] = above - s.alpha[k] + s.beta[k]
+        const = const + (s.alpha[k] * b[k]).sum(-1) - s.beta_kappa[k].sum(-1)
         above = layers.adjoint(k, s.alpha[k]) - s.beta_W[k]
-    box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
-    return value + box_value, Primal(tuple(xs), tuple(zs))
+    fs[0] = above
+    return const, tuple(fs), tuple(s.beta_zeta)
+
+
+def statistics_value(p: AndersonProblem, s: Statistics) -> tuple[Tensor, Primal]:
+    """The dual value `d` `[B, S]` at the duals whose sums are `s`, and the Lagrangian's
+    minimiser: the minimum of `lagrangian_coefficients`' linear function over the boxes,
+
+        d = const + sum_k min_{x_k in [lb_k, ub_k]} f_k . x_k - sum_k 1 . [g_k]_+,
+
+    at `x* = lb` where `f >= 0` (else `ub`), `z* = 1[g >= 0]`. It equals `anderson.evaluate`
+    at any duals with these sums (`statistics_from_duals`), and is a valid lower bound
+    whenever the sums are those of nonnegative multipliers of valid constraints."""
+    value, fs, gs = lagrangian_coefficients(p, s)
+    xs = []
+    for f, lo, up in zip(fs, p.x_lower, p.x_upper):
+        box_value, x = _box_min(f, lo, up)
+        value = value + box_value
+        xs.append(x)
+    zs = tuple((g >= 0).to(g.dtype) for g in gs)
+    value = value - sum(torch.relu(g).sum(-1) for g in gs)
+    return value, Primal(tuple(xs), zs)
 
 
 class Rows(NamedTuple):
@@ -367,6 +383,7 @@ def solve(
     iterations count SP-FW steps; its seconds and `deadline` (`time.monotonic()`), whichever
     is first, hold for both phases (paced every iteration, host clock only)."""
     deadline = deadline_of(budget, deadline)
+    begin = time.perf_counter()
     big_m_config = BigMConfig(
         iterations=config.big_m_iterations, check_every=config.check_every,
         compile=config.compile,
@@ -401,4 +418,6 @@ def solve(
     lower = torch.maximum(rounded_down(value, p.c.dtype), big_m.lower)
     stats = clock.stats(done)
     stats["big_m_iterations"] = big_m.stats["iterations"]
+    stats["big_m_seconds"] = big_m.stats["solver_seconds"]
+    stats["seconds"] = time.perf_counter() - begin
     return SpFwResult(lower, state.best, big_m, stats)
