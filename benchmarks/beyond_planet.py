@@ -5,8 +5,9 @@ the lower bounds of `C y` (9 margin specs) of
 - the Planet LP (HiGHS; the optimum of every Planet method: alpha-CROWN, the LD duals, Big-M),
 - alpha-crown with 20 and 200 iterations (final-layer slopes only),
 - prox (Lagrangian decomposition from alpha-CROWN-20's duals, 400 iterations),
-- big-m and active-set (the Anderson dual, `bounds.dual.active_set`) from alpha-CROWN-20's
-  slopes (their time includes those 20 iterations),
+- big-m and active-set (the Anderson dual, `bounds.dual.active_set`) and sp-fw (saddle-point
+  Frank-Wolfe, `bounds.dual.sp_fw`, `--sp-fw-iterations` steps after its own Big-M phase) from
+  alpha-CROWN-20's slopes (their time includes those 20 iterations),
 with bound and seconds. Every method but the LP bounds `C` and `-C` (both halves, as
 `verify.bounds` does); the table compares the `C` half. Target: active-set strictly above the
 Planet LP (by more than 1e-4 (1 + |LP|)) on >= 80% of the specs, at <= alpha-crown-200's time.
@@ -40,7 +41,14 @@ from benchmarks.common import (
     vnnlib_problems,
     write_json,
 )
-from bounds.dual import active_set, decompose, initial_duals, problem_from_intervals, proximal
+from bounds.dual import (
+    active_set,
+    decompose,
+    initial_duals,
+    problem_from_intervals,
+    proximal,
+    sp_fw,
+)
 from bounds.dual.anderson import anderson_slopes, problem_from_graph
 from bounds.lp import LpConfig, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
@@ -48,6 +56,7 @@ from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 
 OVAL = DATA / "vnncomp2022" / "oval21" / "onnx"
+SP_FW = sp_fw.SpFwConfig()
 
 
 def final_instances(quick: bool, suites: tuple[str, ...] = ()):
@@ -81,8 +90,9 @@ def _clock(fn):
 
 
 def run_final(
-    net, lower, upper, C, config: active_set.ActiveSetConfig, lp_limit: float = 600.0
-) -> dict:
+    net, lower, upper, C, config: active_set.ActiveSetConfig, lp_limit: float = 600.0,
+    sp_fw_config: sp_fw.SpFwConfig = SP_FW,
+) -> dict:  # fmt: skip
     graph = verify.network_graph(net, tuple(lower.shape[1:]))
     box = Interval(lower, upper)
     S = C.shape[1]
@@ -119,6 +129,15 @@ def run_final(
         row[name + "_seconds"] = t20 + seconds
         row[name + "_cuts"] = result.stats["cuts"]
 
+    def saddle():
+        p = problem_from_graph(graph, box, intervals, c)
+        init = active_set.big_m_from_slopes(p, anderson_slopes(p, slopes))
+        return sp_fw.solve(p, sp_fw_config, init)
+
+    result, seconds = _clock(saddle)
+    row["sp-fw"] = result.lower[0, :S].tolist()
+    row["sp-fw_seconds"] = t20 + seconds
+
     def prox():
         problem = problem_from_intervals(decompose(graph), box, intervals, c)
         init = initial_duals(problem, slopes)
@@ -130,7 +149,7 @@ def run_final(
     return row
 
 
-METHODS = ("lp", "alpha20", "alpha200", "prox", "big-m", "active-set")
+METHODS = ("lp", "alpha20", "alpha200", "prox", "big-m", "active-set", "sp-fw")
 
 
 def _above(values, lp) -> list[bool] | None:
@@ -143,17 +162,22 @@ def _mean(values) -> str:
     return "-" if values is None else f"{sum(values) / len(values):10.4f}"
 
 
-def part_final(quick: bool, config, suites=(), lp_limit=600.0, save=None) -> list[dict]:
+def part_final(
+    quick: bool, config, suites=(), lp_limit=600.0, save=None, sp_fw_config=SP_FW
+) -> list[dict]:
     rows = []
     for suite, ident, net, lo, up, C in final_instances(quick, suites):
-        row = {"suite": suite, "id": ident, **run_final(net, lo, up, C, config, lp_limit)}
+        row = {"suite": suite, "id": ident}
+        row.update(run_final(net, lo, up, C, config, lp_limit, sp_fw_config))
         row["above_lp"] = _above(row["active-set"], row["lp"])
+        row["sp-fw_above_lp"] = _above(row["sp-fw"], row["lp"])
         rows.append(row)
         share = "-" if row["above_lp"] is None else f"{sum(row['above_lp']) / 9:4.0%}"
         print(
             f"{suite:22s} {ident:28s} lp {_mean(row['lp'])} a200 {_mean(row['alpha200'])} "
-            f"AS {_mean(row['active-set'])} above {share} t: lp {row['lp_seconds']:.2f} "
-            f"a200 {row['alpha200_seconds']:.2f} AS {row['active-set_seconds']:.2f}",
+            f"AS {_mean(row['active-set'])} SP {_mean(row['sp-fw'])} above {share} t: lp "
+            f"{row['lp_seconds']:.2f} a200 {row['alpha200_seconds']:.2f} AS "
+            f"{row['active-set_seconds']:.2f} SP {row['sp-fw_seconds']:.2f}",
             flush=True,
         )
         if save is not None:
@@ -161,14 +185,20 @@ def part_final(quick: bool, config, suites=(), lp_limit=600.0, save=None) -> lis
     return rows
 
 
+def _share(flags: list[bool]) -> str:
+    return f"{sum(flags)}/{len(flags)} ({sum(flags) / len(flags):.0%})" if flags else "-"
+
+
 def final_table(rows: list[dict]) -> str:
     """Per suite: mean bound / mean seconds per method (the LP's over the instances it solved
-    within its limit), the share of specs where active-set beats the LP, and the time ratio."""
+    within its limit), the share of specs where active-set (and sp-fw) beat the LP, and the
+    time ratio."""
     suites = sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index)
     head = "| suite | n | " + " | ".join(f"{m} bound / s" for m in METHODS)
-    head += " | active-set > LP | AS time / a200 time |"
-    lines = [head, "|" + "---|" * (len(METHODS) + 4)]
+    head += " | active-set > LP | sp-fw > LP | AS time / a200 time |"
+    lines = [head, "|" + "---|" * (len(METHODS) + 5)]
     everything: list[bool] = []
+    everything_sp: list[bool] = []
     for suite in suites:
         chosen = [r for r in rows if r["suite"] == suite]
         cells = []
@@ -183,19 +213,23 @@ def final_table(rows: list[dict]) -> str:
             secs = sum(r[m + "_seconds"] for r in with_values) / len(with_values)
             cells.append(f"{sum(values) / len(values):.4f} / {secs:.2f}")
         above = [a for r in chosen if r["above_lp"] is not None for a in r["above_lp"]]
+        above_sp = [
+            a for r in chosen if r["sp-fw_above_lp"] is not None for a in r["sp-fw_above_lp"]
+        ]
         everything += above
+        everything_sp += above_sp
         ratio = sum(r["active-set_seconds"] for r in chosen) / sum(
             r["alpha200_seconds"] for r in chosen
         )
-        share = f"{sum(above)}/{len(above)} ({sum(above) / len(above):.0%})" if above else "-"
         lines.append(
-            f"| {suite} | {len(chosen)} | " + " | ".join(cells) + f" | {share} | {ratio:.2f} |"
-        )
+            f"| {suite} | {len(chosen)} | " + " | ".join(cells)
+            + f" | {_share(above)} | {_share(above_sp)} | {ratio:.2f} |"
+        )  # fmt: skip
     ratio = sum(r["active-set_seconds"] for r in rows) / sum(r["alpha200_seconds"] for r in rows)
-    share = f"{sum(everything)}/{len(everything)} ({sum(everything) / max(1, len(everything)):.0%})"
     lines.append(
-        f"| **all** | {len(rows)} |" + " |" * len(METHODS) + f" **{share}** | **{ratio:.2f}** |"
-    )
+        f"| **all** | {len(rows)} |" + " |" * len(METHODS)
+        + f" **{_share(everything)}** | **{_share(everything_sp)}** | **{ratio:.2f}** |"
+    )  # fmt: skip
     return "\n".join(lines)
 
 
@@ -260,6 +294,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=active_set.ActiveSetConfig.iterations)
     parser.add_argument("--max-cuts", type=int, default=active_set.ActiveSetConfig.max_cuts)
+    parser.add_argument(
+        "--sp-fw-iterations", type=int, default=sp_fw.SpFwConfig.iterations, help="SP-FW steps"
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
     parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
@@ -278,7 +315,8 @@ def main() -> None:
         def save(rows):
             write_json(f"beyond_planet{suffix}.json", {**payload, "final": rows})
 
-        rows = part_final(args.quick, config, tuple(args.suites), args.lp_limit, save)
+        sp_fw_config = sp_fw.SpFwConfig(iterations=args.sp_fw_iterations)
+        rows = part_final(args.quick, config, tuple(args.suites), args.lp_limit, save, sp_fw_config)
         table = final_table(rows)
         print(table)
         out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bounds.dual import active_set, proximal, supergradient
+from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
 from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
 from bounds.dual.dag import decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.intermediate import intermediate_intervals
 from bounds.dual.proximal import ProximalConfig
+from bounds.dual.sp_fw import SpFwConfig
 from bounds.dual.supergradient import SupergradientConfig
 from bounds.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
@@ -178,25 +179,35 @@ register_method("prox", ProximalConfig, "Lagrangian decomposition, proximal meth
 )
 
 
-def _anderson(graph, box, C, config, budget, given) -> MethodResult:
-    """The Big-M / active-set dual of the Anderson relaxation (`bounds.dual.active_set`) from
-    the Big-M duals of the starting bound; never below it (nor the output's interval bound)."""
-    deadline = deadline_of(budget)
-    c = output_functional(graph, C)
-    layers = anderson_layers(graph)  # a typed refusal before any bound is computed
-    intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
-    problem = problem_from_graph(graph, box, intervals, c, layers)
-    init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
-    result = active_set.solve(problem, config, init, budget, deadline)
-    best = torch.maximum(result.lower, floor)
-    best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
-    lower, upper = split_output(best)
-    return lower, upper, intervals, {**result.stats, "duals": result.duals}
+def _anderson(solve_fn):
+    """A dual method of the Anderson relaxation (`bounds.dual.active_set`, `bounds.dual.sp_fw`)
+    from the Big-M duals of the starting bound; never below it (nor the output's interval
+    bound)."""
+
+    def run(graph, box, C, config, budget, given) -> MethodResult:
+        deadline = deadline_of(budget)
+        c = output_functional(graph, C)
+        layers = anderson_layers(graph)  # a typed refusal before any bound is computed
+        intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
+        problem = problem_from_graph(graph, box, intervals, c, layers)
+        init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
+        result = solve_fn(problem, config, init, budget, deadline)
+        best = torch.maximum(result.lower, floor)
+        best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
+        lower, upper = split_output(best)
+        return lower, upper, intervals, {**result.stats, "duals": result.duals}
+
+    return run
 
 
 register_method(
     "big-m", BigMConfig, "Big-M dual (Planet-equivalent), projected Adam on the Anderson dual"
-)(_anderson)
+)(_anderson(active_set.solve))
 register_method(
     "active-set", ActiveSetConfig, "Anderson relaxation by the dual active-set method (ReLU chains)"
-)(_anderson)
+)(_anderson(active_set.solve))
+register_method(
+    "sp-fw",
+    SpFwConfig,
+    "Anderson relaxation by saddle-point Frank-Wolfe, linear memory (ReLU chains)",
+)(_anderson(sp_fw.solve))
