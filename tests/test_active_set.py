@@ -241,7 +241,8 @@ def test_affine_nets_get_their_exact_bounds():
         torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)
 
 
-def test_active_set_intermediate_bounds_contain_the_network_and_tighten_crowns():
+@pytest.mark.parametrize("kind", ["active-set", "sp-fw"])
+def test_anderson_intermediate_bounds_contain_the_network_and_tighten_crowns(kind):
     from bounds.dual.intermediate import intermediate_intervals
 
     net, shape = make("deep_mlp")
@@ -250,7 +251,7 @@ def test_active_set_intermediate_bounds_contain_the_network_and_tighten_crowns()
     box = Interval(x - 0.3, x + 0.3)
     C = torch.eye(2, dtype=torch.float64).expand(2, 2, 2)
     crown_iv = crown_intervals(graph, box)
-    tight = intermediate_intervals(graph, box, C, "active-set", iterations=60)
+    tight = intermediate_intervals(graph, box, C, kind, iterations=60)
     points = box_samples(box.lower, box.upper, 2000)
     values = graph.forward(points.flatten(0, 1), all_values=True)
     gained = False

@@ -1,6 +1,6 @@
 """Pre-activation bounds for the decomposition methods, chosen by name: `ibp`, `crown`,
-`alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set`, the
-Anderson relaxation's, on ReLU chains): for each node
+`alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set` and
+`sp-fw`, the Anderson relaxation's, on ReLU chains): for each node
 that feeds a nonlinearity, in topological order, the problem truncated at that node (its
 ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation is not exact
 (Bunel et al., UAI 2020, Sec. 5), batched as specs and chunked to bound memory."""
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from bounds.dual import active_set, proximal, supergradient
+from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
@@ -27,7 +27,7 @@ from bounds.methods.crown import (
 from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 
-INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient", "active-set")
+INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient", "active-set", "sp-fw")
 
 
 def _tighten(
@@ -84,14 +84,19 @@ def _decomposition_bound(solve_fn, config, box: Interval, budget: Budget, deadli
     return bound
 
 
-def _active_set_bound(box: Interval, budget: Budget, deadline):
-    """The Anderson relaxation's active set from CROWN's Big-M duals (ReLU chains)."""
-    config = active_set.ActiveSetConfig()
+ANDERSON_SOLVERS = {
+    "active-set": (active_set.solve, active_set.ActiveSetConfig),
+    "sp-fw": (sp_fw.solve, sp_fw.SpFwConfig),
+}
+
+
+def _anderson_bound(solve_fn, config, box: Interval, budget: Budget, deadline):
+    """A dual solver of the Anderson relaxation (ReLU chains) from CROWN's Big-M duals."""
 
     def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
         p = problem_from_layers(anderson_layers(truncated.graph), box, intervals, c)
         init = active_set.big_m_from_slopes(p, anderson_slopes(p, None))
-        return active_set.solve(p, config, init, budget, deadline).lower
+        return solve_fn(p, config, init, budget, deadline).lower
 
     return bound
 
@@ -119,9 +124,10 @@ def intermediate_intervals(
     if kind not in INTERMEDIATE:
         raise ValueError(f"intermediate must be one of {INTERMEDIATE}, got {kind!r}")
     budget = Budget(iterations=iterations)
-    if kind == "active-set":
+    if kind in ANDERSON_SOLVERS:
         anderson_layers(graph)  # a typed refusal up front for graphs it cannot take
-        bound = _active_set_bound(box, budget, deadline)
+        solve_fn, config_type = ANDERSON_SOLVERS[kind]
+        bound = _anderson_bound(solve_fn, config_type(), box, budget, deadline)
     else:
         solve_fn, config = {
             "prox": (proximal.solve, proximal.ProximalConfig()),
