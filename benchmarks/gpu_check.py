@@ -10,6 +10,9 @@
    alpha-CROWN step (final-layer slopes); steps not started within 150 s are skipped.
 4. The dense-CRF kernels and steps on a 512x512 image with 21 labels
    (`benchmarks/gpu_check_crf.py`).
+5. The Anderson-relaxation solvers (active set, sp-fw) on the cifar_wide-shaped net with
+   1,024 domains x 9 specs: seconds per iteration on the device, the same per domain on the
+   CPU (at 16 domains), and the device's bounds against the CPU's on 2 domains.
 
 Designed to finish in under 5 minutes on an H200 (`benchmarks/gpu_check.sh`); `--smoke` runs
 tiny sizes on CPU (Triton through its interpreter) so that the script itself is tested here.
@@ -44,8 +47,8 @@ from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FULL = {"batch": 1024, "specs": 9, "side": 32, "iters": 20, "steps_s": 150}
-SMOKE = {"batch": 2, "specs": 2, "side": 8, "iters": 2, "steps_s": 600}
+FULL = {"batch": 1024, "specs": 9, "side": 32, "iters": 20, "steps_s": 150, "cpu_batch": 16}
+SMOKE = {"batch": 2, "specs": 2, "side": 8, "iters": 2, "steps_s": 600, "cpu_batch": 2}
 
 
 def cifar_wide_like(side: int) -> nn.Sequential:
@@ -136,6 +139,60 @@ def solver_steps(device: torch.device, size: dict) -> list[dict]:
     return rows
 
 
+def _anderson_run(device: torch.device, size: dict, batch: int, method: str, seed: int = 0):
+    """`method`'s bound on `batch` domains x `size['specs']` specs of the cifar_wide-shaped net
+    (float32, CROWN intermediate bounds and start), `size['iters']` iterations; returns the
+    bound and the solver's seconds (synchronised)."""
+    from bounds.dual import active_set, sp_fw
+    from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
+
+    net = cifar_wide_like(size["side"])
+    graph = verify.network_graph(net, (3, size["side"], size["side"])).to(torch.float32, device)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(batch, 3, size["side"], size["side"], generator=gen).to(device)
+    C = torch.randn(batch, size["specs"], 10, generator=gen).to(device)
+    box = Interval(x - 2 / 255, x + 2 / 255)
+    intervals = crown_intervals(graph, box)
+    problem = problem_from_graph(graph, box, intervals, output_functional(graph, C),
+                                 anderson_layers(graph))  # fmt: skip
+    init = active_set.big_m_from_slopes(problem, anderson_slopes(problem, None))
+    iters = size["iters"]
+    solve, config = {
+        "active-set": (active_set.solve, active_set.ActiveSetConfig(
+            iterations=iters, big_m_iterations=iters // 4, cut_frequency=max(1, iters // 4))),
+        "sp-fw": (sp_fw.solve, sp_fw.SpFwConfig(iterations=iters, big_m_iterations=iters // 4)),
+    }[method]  # fmt: skip
+    _sync(device)
+    start = time.perf_counter()
+    result = solve(problem, config, init)
+    _sync(device)
+    return result.lower, time.perf_counter() - start
+
+
+def anderson_steps(device: torch.device, size: dict) -> list[dict]:
+    """Part 5: the Anderson solvers, device vs CPU (see the module docstring)."""
+    rows, start_part = [], time.perf_counter()
+    cpu = torch.device("cpu")
+    for method in ("active-set", "sp-fw"):
+        if time.perf_counter() - start_part > size["steps_s"]:
+            rows.append({"part": "anderson", "case": method, "skipped": "time budget of the part"})
+            continue
+        _, dev_s = _anderson_run(device, size, size["batch"], method)
+        _, cpu_s = _anderson_run(cpu, size, size["cpu_batch"], method)
+        on_dev, _ = _anderson_run(device, size, 2, method, seed=1)
+        on_cpu, _ = _anderson_run(cpu, size, 2, method, seed=1)
+        diff = float((on_dev.cpu() - on_cpu).abs().max())
+        scale = 1 + float(on_cpu.abs().max())
+        per_iter = dev_s / size["iters"]
+        cpu_per_domain = cpu_s / size["iters"] / size["cpu_batch"]
+        rows.append({"part": "anderson", "case": method, "batch": size["batch"],
+                     "specs": size["specs"], "device_s_per_iter": per_iter,
+                     "cpu_s_per_iter_per_domain": cpu_per_domain,
+                     "speedup_per_domain": cpu_per_domain * size["batch"] / per_iter,
+                     "max_abs_diff": diff, "ok": diff <= 1e-3 * scale})  # fmt: skip
+    return rows
+
+
 def run(
     device: torch.device, smoke: bool, skip: set[str], save: Callable[[list[dict]], None] = lambda rows: None
 ) -> list[dict]:
@@ -147,6 +204,7 @@ def run(
         "prox": lambda: _tagged("prox-kernels", _prox_kernels(device, smoke)),
         "steps": lambda: solver_steps(device, size),
         "crf": lambda: _tagged("crf", _crf(device, smoke)),
+        "anderson": lambda: anderson_steps(device, size),
     }
     for name, part in parts.items():
         if name in skip:
@@ -190,7 +248,7 @@ def format_rows(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (runs on CPU)")
-    parser.add_argument("--skip", default="", help="comma-separated parts: bounds,prox,steps,crf")
+    parser.add_argument("--skip", default="", help="comma-separated parts: bounds,prox,steps,crf,anderson")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
