@@ -39,6 +39,7 @@ from bounds.dual.anderson import (
     cut_terms,
     dual_value,
     evaluate,
+    evaluate_stable,
     no_cuts,
     select_cuts,
     slacks,
@@ -55,7 +56,10 @@ class ActiveSetConfig(DecompositionOptions):
     neuron each; 0: the Big-M solver); restrict: cuts per layer and problem (the most violated
     neurons; None: every ambiguous neuron), for memory; initial_step / final_step: Adam's
     relative step, linearly decayed; tolerance: the violation (relative to the neuron's
-    pre-activation range) a cut must exceed Big-M's by. Shared options: `DecompositionOptions`."""
+    pre-activation range) a cut must exceed Big-M's by; exact_stable: the stable neurons' duals
+    are not optimised but set to CROWN's exact pass-through in every evaluation
+    (`anderson.evaluate_stable`; Adam's steps on them only lose bound). Shared options:
+    `DecompositionOptions`."""
 
     iterations: int = 100
     big_m_iterations: int = 10
@@ -65,6 +69,7 @@ class ActiveSetConfig(DecompositionOptions):
     initial_step: float = 0.4
     final_step: float = 1e-2
     tolerance: float = 1e-4
+    exact_stable: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -161,24 +166,40 @@ def _layer_scales(init: Duals) -> list[Tensor]:
     return [torch.maximum(s, 1e-6 * top + 1e-30) for s in per]
 
 
-def _layout(scales: list[Tensor], widths: tuple[int, ...], cuts: tuple[Cuts, ...]) -> Layout:
-    """The layout for hidden layers of `widths`, their `scales` and `cuts`."""
+def _layout(
+    scales: list[Tensor], widths: tuple[int, ...], cuts: tuple[Cuts, ...],
+    free: tuple[Tensor, ...] | None = None,
+) -> Layout:  # fmt: skip
+    """The layout for hidden layers of `widths`, their `scales` and `cuts`; `free[k]`
+    `[B, 1, n_k]` (default: all): the neurons whose alpha, beta_u, beta_l are optimised (the
+    others stay 0 in theta)."""
     sizes = (*widths, *widths, *widths, *(c.rows.shape[-1] for c in cuts))
     per = [*scales, *scales, *scales, *scales]
     scale = torch.cat([s.expand(*s.shape[:2], n) for s, n in zip(per, sizes)], -1)
-    ones = [torch.ones_like(s).expand(*s.shape[:2], n) for s, n in zip(scales * 3, sizes)]
+    if free is None:
+        ones = [torch.ones_like(s).expand(*s.shape[:2], n) for s, n in zip(scales * 3, sizes)]
+    else:
+        ones = [m.to(scale.dtype).expand(*s.shape[:2], -1) for s, m in zip(scales * 3, free * 3)]
     active = ones + [c.active.to(scale.dtype) for c in cuts]
     return Layout(sizes, scale, torch.cat(active, -1))
 
 
+def _ambiguous(p: AndersonProblem) -> tuple[Tensor, ...]:
+    """Per hidden layer `[B, 1, n_k]`: the neurons with `l < 0 < u`."""
+    return tuple(((lo < 0) & (up > 0)).unsqueeze(1) for lo, up in zip(p.pre_lower, p.pre_upper))
+
+
 def _measured(
     p: AndersonProblem, terms, cuts, layout: Layout, theta: Tensor, best_value: Tensor,
-    best_theta: Tensor,
+    best_theta: Tensor, exact_stable: bool = False,
 ):  # fmt: skip
-    """`d` at `theta`: the minimiser, the normalised supergradient and the best-so-far update
-    `(x, grad, best_value, best_theta)`."""
-    value, x = evaluate(p, terms, cuts, layout.duals(theta))
-    grad = layout.flat(slacks(p, terms, cuts, x)) * layout.scale
+    """`d` at `theta` (`evaluate_stable` when `exact_stable`): the minimiser, the normalised
+    supergradient and the best-so-far update `(x, grad, best_value, best_theta)`."""
+    if exact_stable:
+        value, x, _ = evaluate_stable(p, terms, cuts, layout.duals(theta))
+    else:
+        value, x = evaluate(p, terms, cuts, layout.duals(theta))
+    grad = layout.flat(slacks(p, terms, cuts, x, exact_stable)) * layout.scale
     improved = value > best_value
     best = torch.where(improved.unsqueeze(-1), theta, best_theta)
     return x, grad, torch.where(improved, value, best_value), best
@@ -186,16 +207,17 @@ def _measured(
 
 def as_step(
     p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], layout: Layout,
-    state: State, lr: Tensor,
+    state: State, lr: Tensor, exact_stable: bool = False,
 ) -> State:  # fmt: skip
-    """One projected Adam step on the normalised duals, then `d` and its supergradient there,
-    the best-so-far update and the minimisers' sums (pure: `torch.compile` fuses it)."""
+    """One projected Adam step on the normalised duals, then `d` and its supergradient there
+    (`evaluate_stable` when `exact_stable`), the best-so-far update and the minimisers' sums
+    (pure: `torch.compile` fuses it)."""
     (theta,), (m,), (v,), t = adam_ascent(
         (state.theta,), (state.grad,), (state.m,), (state.v,), state.t, lr,
         (lambda th: th.clamp_min(0) * layout.active,),
     )  # fmt: skip
     x, grad, best_value, best_theta = _measured(
-        p, terms, cuts, layout, theta, state.best_value, state.best_theta
+        p, terms, cuts, layout, theta, state.best_value, state.best_theta, exact_stable
     )
     return State(
         theta, grad, m, v, t, best_value, best_theta,
@@ -207,11 +229,11 @@ def as_step(
 
 def _start_state(
     p: AndersonProblem, terms, cuts, layout: Layout, theta: Tensor, m: Tensor, v: Tensor,
-    t: Tensor, best_value: Tensor, best_theta: Tensor,
+    t: Tensor, best_value: Tensor, best_theta: Tensor, exact_stable: bool = False,
 ) -> State:  # fmt: skip
     """The state at `theta` with fresh minimiser sums (the minimiser at `theta` counted)."""
     x, grad, best_value, best_theta = _measured(
-        p, terms, cuts, layout, theta, best_value, best_theta
+        p, terms, cuts, layout, theta, best_value, best_theta, exact_stable
     )
     return State(theta, grad, m, v, t, best_value, best_theta, x.x, x.z, t.new_ones(()))
 
@@ -249,6 +271,16 @@ def _add_round(
     return cuts, terms, grow
 
 
+def _padded(d: Duals, old: tuple[Cuts, ...], new: tuple[Cuts, ...]) -> Duals:
+    """`d` (duals for the cuts `old`) for the cuts `new` (`old` with more appended): the new
+    cuts' multipliers 0."""
+    pads = tuple(
+        torch.cat([b, b.new_zeros(*b.shape[:2], n.rows.shape[-1] - o.rows.shape[-1])], -1)
+        for b, o, n in zip(d.beta_cut, old, new)
+    )
+    return Duals(d.alpha, d.beta_u, d.beta_l, pads)
+
+
 @dataclass(frozen=True)
 class ActiveSetResult:
     """lower `[B, S]` (float64-checked, rounded down to the problem's dtype), the best duals,
@@ -280,14 +312,19 @@ def solve(
     given = cuts is not None
     cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
     terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
+    exact = config.exact_stable
+    free = _ambiguous(p) if exact else None
     scales = _layer_scales(init)
     widths = tuple(p.layers.width(k) for k in range(H))
-    layout = _layout(scales, widths, cuts)
+    layout = _layout(scales, widths, cuts, free)
     theta = layout.flat(init) / layout.scale
     zeros = torch.zeros_like(theta)
     best_value = p.c.new_full(p.c.shape[:2], -torch.inf)
     t0 = p.c.new_zeros(())
-    state = _start_state(p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta)
+    state = _start_state(
+        p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta, exact
+    )  # fmt: skip
+    start_cuts = cuts
     index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
@@ -297,20 +334,32 @@ def solve(
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
             cuts, terms, grow = _add_round(p, cuts, terms, state, config, index)
-            layout = _layout(scales, widths, cuts)
+            layout = _layout(scales, widths, cuts, free)
             state = _start_state(
                 p, terms, cuts, layout, grow(state.theta), grow(state.m), grow(state.v),
-                state.t, state.best_value, grow(state.best_theta),
+                state.t, state.best_value, grow(state.best_theta), exact,
             )  # fmt: skip
             rounds += 1
         step_size = linear_step(config.initial_step, config.final_step, it, clock.iterations)
         lr = torch.full((), step_size, dtype=p.c.dtype, device=p.c.device)
-        state = step(p, terms, cuts, layout, state, lr)
+        state = step(p, terms, cuts, layout, state, lr, exact)
         done = it + 1
         if clock.checkpoint(it, Best(state.best_value, None)):
             break
     best = layout.duals(state.best_theta)
-    value = dual_value(p.to(torch.float64), cuts, best)
+    p64 = p.to(torch.float64)
+    if exact:  # the duals evaluate_stable used; never below the start's own value
+        best = evaluate_stable(p, terms, cuts, best)[2]
+        value = dual_value(p64, cuts, best)
+        start = _padded(init, start_cuts, cuts)
+        start_value = dual_value(p64, cuts, start)
+        kept = start_value > value
+        value = torch.where(kept, start_value, value)
+        best = Duals.unflat(
+            tuple(torch.where(kept.unsqueeze(-1), a, b) for a, b in zip(start.flat(), best.flat()))
+        )
+    else:
+        value = dual_value(p64, cuts, best)
     stats = clock.stats(done)
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds

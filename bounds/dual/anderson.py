@@ -281,49 +281,93 @@ def evaluate(
     p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
 ) -> tuple[Tensor, Primal]:
     """The dual value `d` `[B, S]` (module docstring) and the Lagrangian's minimiser."""
+    value, x, _ = _evaluate(p, terms, cuts, d, exact_stable=False)
+    return value, x
+
+
+def evaluate_stable(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
+) -> tuple[Tensor, Primal, Duals]:
+    """`evaluate` with the duals of the stable neurons (`l >= 0`: `x = xh`; `u <= 0`: `x = 0`)
+    not read from `d` but set, in the backward pass, to the ones that pass the coefficient `mu`
+    from above through exactly, as CROWN does (`alpha = [mu]_+`, `beta_l = [-mu]_+`,
+    `beta_u = 0` on `l >= 0`; all 0 on `u <= 0`): then `f = 0` there, and their terms sum to
+    `mu (W x + b)`. Returns the value, the minimiser and the duals used (`d` with those
+    entries replaced: `evaluate` at them gives the same value). Any `d >= 0` gives a valid
+    bound, so this is one; a solver that optimises only the ambiguous neurons' duals uses it."""
+    return _evaluate(p, terms, cuts, d, exact_stable=True)
+
+
+def _evaluate(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals,
+    exact_stable: bool,
+) -> tuple[Tensor, Primal, Duals]:  # fmt: skip
     layers, b = p.layers, p.layers.biases
     H = layers.hidden
     value = (p.c * b[H]).sum(-1)
     above = layers.adjoint(H, p.c)  # coefficient of x_{H-1} from the output layer
     xs, zs = [None] * (H + 1), [None] * H
+    alpha, beta_u, beta_l = list(d.alpha), list(d.beta_u), list(d.beta_l)
     for k in range(H - 1, -1, -1):
         n = layers.width(k)
-        cut_sum = _scatter(cuts[k].rows, d.beta_cut[k], n)
-        f = above - d.alpha[k] + d.beta_u[k] + d.beta_l[k] + cut_sum
-        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
         lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
-        g = d.beta_u[k] * up + d.beta_l[k] * lo
+        mu = above + _scatter(cuts[k].rows, d.beta_cut[k], n)
+        if exact_stable:
+            passing, dead = lo >= 0, up <= 0
+            zero = torch.zeros((), dtype=mu.dtype, device=mu.device)
+            alpha[k] = torch.where(passing, mu.clamp_min(0), torch.where(dead, zero, alpha[k]))
+            beta_l[k] = torch.where(passing, (-mu).clamp_min(0), torch.where(dead, zero, beta_l[k]))
+            beta_u[k] = torch.where(passing | dead, zero, beta_u[k])
+        f = mu - alpha[k] + beta_u[k] + beta_l[k]
+        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
+        g = beta_u[k] * up + beta_l[k] * lo
         g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
         zs[k] = (g >= 0).to(g.dtype)
         value = value + box_value - torch.relu(g).sum(-1)
-        value = value + (d.alpha[k] * b[k]).sum(-1)
-        value = (
-            value - (d.beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
-        )
-        above = layers.adjoint(k, d.alpha[k] - d.beta_l[k])
-        above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
+        value = value + (alpha[k] * b[k]).sum(-1)
+        value = value - (beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
+        above = layers.adjoint(k, alpha[k] - beta_l[k])
+        if terms[k].WI.shape[2]:
+            above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
     box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
-    return value + box_value, Primal(tuple(xs), tuple(zs))
+    used = Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), d.beta_cut)
+    return value + box_value, Primal(tuple(xs), tuple(zs)), used
 
 
 def slacks(
-    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], x: Primal
-) -> Duals:
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], x: Primal,
+    exact_stable: bool = False,
+) -> Duals:  # fmt: skip
     """The supergradient of `d` at the point whose minimiser is `x`: each constraint's
-    violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout."""
+    violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout.
+
+    `exact_stable` (the minimiser of `evaluate_stable`, where `f = 0` on the neurons with
+    `l >= 0`, so that any `x` in their box minimises the Lagrangian too): those neurons take
+    `x = clamp(xh, lb, ub)` layer by layer, a minimiser whose slacks there are 0 when `xh` is
+    in the box; the stable duals' dependence on the others then adds nothing to the
+    supergradient of the others (the envelope of the exact pass-through)."""
     alpha, beta_u, beta_l, beta_cut = [], [], [], []
+    x_in = x.x[0]
     for k in range(p.layers.hidden):
-        xh = p.layers.forward(k, x.x[k])
+        xh = p.layers.forward(k, x_in)
         out, z = x.x[k + 1], x.z[k]
+        if exact_stable:
+            lb, ub = p.x_lower[k + 1].unsqueeze(1), p.x_upper[k + 1].unsqueeze(1)
+            passing = p.pre_lower[k].unsqueeze(1) >= 0
+            out = torch.where(passing, torch.minimum(torch.maximum(xh, lb), ub), out)
         lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
         alpha.append(xh - out)
         beta_u.append(out - up * z)
         beta_l.append(out - xh + lo * (1 - z))
         t = terms[k]
         rows = cuts[k].rows
-        rhs = torch.einsum("bsri,bsi->bsr", t.WI, x.x[k]) + t.kappa
-        rhs = rhs + t.zeta * torch.gather(z, 2, rows)
-        beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
+        if rows.shape[2]:
+            rhs = torch.einsum("bsri,bsi->bsr", t.WI, x_in) + t.kappa
+            rhs = rhs + t.zeta * torch.gather(z, 2, rows)
+            beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
+        else:
+            beta_cut.append(t.kappa)  # [B, S, 0]
+        x_in = out
     return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), tuple(beta_cut))
 
 
