@@ -219,15 +219,23 @@ def test_bad_options_are_refused():
         ActiveSetConfig(cut_frequency=0)
 
 
-def test_restrict_caps_the_cuts_per_round():
+@pytest.mark.parametrize("prune", [False, True])
+def test_restrict_caps_the_cuts_per_round(prune):
     _, graph, box = _tiny(0, width=8)
     p, init, _, _ = _problem(graph, box)
-    config = ActiveSetConfig(iterations=60, big_m_iterations=5, cut_frequency=10, restrict=2)
+    config = ActiveSetConfig(
+        iterations=60, big_m_iterations=5, cut_frequency=10, restrict=2, prune=prune
+    )
     result = solve(p, config, init)
     rounds = result.stats["cut_rounds"]
     assert rounds == config.max_cuts
     for cuts in result.cuts:
-        assert cuts.rows.shape[-1] == 2 * rounds
+        if prune:  # the cuts of earlier rounds whose multipliers stayed 0 are dropped
+            assert 2 <= cuts.rows.shape[-1] <= 2 * rounds
+        else:
+            assert cuts.rows.shape[-1] == 2 * rounds
+    slots = sum(c.rows.shape[-1] for c in result.cuts)
+    assert (slots < 2 * rounds * len(result.cuts)) == prune
     assert (result.lower <= anderson_lp(p, all_cuts=True) + 1e-7).all()
 
 

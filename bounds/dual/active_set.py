@@ -35,13 +35,14 @@ from bounds.dual.anderson import (
     CutTerms,
     Duals,
     add_cuts,
+    candidate_rows,
     candidates,
     cut_terms,
     dual_value,
     evaluate,
     evaluate_stable,
     no_cuts,
-    select_cuts,
+    select_cuts_at,
     slacks,
 )
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
@@ -58,8 +59,10 @@ class ActiveSetConfig(DecompositionOptions):
     relative step, linearly decayed; tolerance: the violation (relative to the neuron's
     pre-activation range) a cut must exceed Big-M's by; exact_stable: the stable neurons' duals
     are not optimised but set to CROWN's exact pass-through in every evaluation
-    (`anderson.evaluate_stable`; Adam's steps on them only lose bound). Shared options:
-    `DecompositionOptions`."""
+    (`anderson.evaluate_stable`; Adam's steps on them only lose bound); prune: at each round,
+    drop the cuts of earlier rounds whose multiplier is 0 at the current, the best and the
+    start duals (they change no value; each costs a masked row in every iteration). Shared
+    options: `DecompositionOptions`."""
 
     iterations: int = 100
     big_m_iterations: int = 10
@@ -70,6 +73,7 @@ class ActiveSetConfig(DecompositionOptions):
     final_step: float = 1e-2
     tolerance: float = 1e-4
     exact_stable: bool = True
+    prune: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -239,23 +243,46 @@ def _start_state(
 
 
 def _add_round(
-    p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig, index: tuple
+    p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig, index: tuple,
+    weights: tuple | None = None, keep: tuple | None = None,
 ):  # fmt: skip
     """One cut round: the oracle at the minimisers' average on the candidate neurons `index`
-    (per layer), the new constraints appended (their terms computed, the old ones kept);
-    returns the cuts, their terms and `grow`, which pads a flat tensor of the old layout with
-    zeros for the new multipliers."""
+    (per layer; `weights`: their rows, `candidate_rows`), the new constraints appended (their
+    terms computed); the old ones kept where `keep[k]` `[B, S, R_k]` (default: all), moved to
+    the front per problem and the slots that no problem keeps dropped. Returns the cuts, their
+    terms and `grow`, which maps a flat tensor of the old layout to the new one (the kept
+    multipliers, then zeros for the new ones)."""
     H = p.layers.hidden
     xbar = tuple(s / state.count for s in state.x_sum)
     zbar = tuple(s / state.count for s in state.z_sum)
-    fresh = tuple(
-        Cuts(*select_cuts(p, k, xbar[k], xbar[k + 1], zbar[k], index[k], config.restrict,
-                          config.tolerance))
+    chosen = [
+        select_cuts_at(p, k, xbar[k], xbar[k + 1], zbar[k], index[k], config.restrict,
+                       config.tolerance, None if weights is None else weights[k])
         for k in range(H)
-    )  # fmt: skip
+    ]  # fmt: skip
+    fresh = tuple(Cuts(rows, mask, active) for rows, mask, active, _ in chosen)
     old = [c.rows.shape[-1] for c in cuts]
     added = [c.rows.shape[-1] for c in fresh]
-    new_terms = (cut_terms(p, k, c) for k, c in enumerate(fresh))
+    orders = [None] * H
+    if keep is not None:
+        for k in range(H):
+            kept = keep[k] & cuts[k].active
+            order = torch.argsort((~kept).to(torch.int8), dim=2, stable=True)
+            order = order[:, :, : int(kept.sum(-1).amax()) if old[k] else 0]
+            orders[k] = order
+            gather = _gather_slots(order)
+            cuts = (*cuts[:k], Cuts(gather(cuts[k].rows), gather(cuts[k].mask),
+                                    gather(kept)), *cuts[k + 1 :])  # fmt: skip
+            terms = (*terms[:k], CutTerms(*(gather(t) for t in terms[k])), *terms[k + 1 :])
+    new_terms = []
+    for k, (c, (_, _, _, pick)) in enumerate(zip(fresh, chosen)):
+        rows = None
+        if weights is not None:
+            B, S, R = pick.shape
+            n_in = weights[k].shape[-1]
+            at = pick.reshape(B, S * R, 1).expand(-1, -1, n_in)
+            rows = torch.gather(weights[k], 1, at).reshape(B, S, R, n_in)
+        new_terms.append(cut_terms(p, k, c, rows))
     terms = tuple(CutTerms(*(torch.cat(pair, 2) for pair in zip(t, f)))
                   for t, f in zip(terms, new_terms))  # fmt: skip
     cuts = tuple(add_cuts(c, *f) for c, f in zip(cuts, fresh))
@@ -264,21 +291,22 @@ def _add_round(
     def grow(flat: Tensor) -> Tensor:
         parts = list(torch.split(flat, [head, *old], -1))
         out = [parts[0]]
-        for part, r in zip(parts[1:], added):
+        for part, order, r in zip(parts[1:], orders, added):
+            part = part if order is None else torch.gather(part, 2, order)
             out += [part, part.new_zeros(*part.shape[:2], r)]
         return torch.cat(out, -1)
 
     return cuts, terms, grow
 
 
-def _padded(d: Duals, old: tuple[Cuts, ...], new: tuple[Cuts, ...]) -> Duals:
-    """`d` (duals for the cuts `old`) for the cuts `new` (`old` with more appended): the new
-    cuts' multipliers 0."""
-    pads = tuple(
-        torch.cat([b, b.new_zeros(*b.shape[:2], n.rows.shape[-1] - o.rows.shape[-1])], -1)
-        for b, o, n in zip(d.beta_cut, old, new)
-    )
-    return Duals(d.alpha, d.beta_u, d.beta_l, pads)
+def _gather_slots(order: Tensor):
+    """`t` `[B, S, R, ...]` -> its slots `order` `[B, S, R']` per problem."""
+
+    def gather(t: Tensor) -> Tensor:
+        at = order.reshape(*order.shape, *([1] * (t.dim() - 3)))
+        return torch.gather(t, 2, at.expand(*order.shape, *t.shape[3:]))
+
+    return gather
 
 
 @dataclass(frozen=True)
@@ -324,8 +352,12 @@ def solve(
     state = _start_state(
         p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta, exact
     )  # fmt: skip
-    start_cuts = cuts
+    start_theta = theta  # the start as given (for the final check against it)
     index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
+    weights = tuple(candidate_rows(p, k, index[k]) for k in range(H))
+    per_round = [i.shape[1] if config.restrict is None else min(config.restrict, i.shape[1])
+                 for i in index]  # fmt: skip
+    recent = [0] * H  # cuts added by the last round, per layer (never pruned at the next)
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
     step = step_function(as_step, use)
@@ -333,7 +365,19 @@ def solve(
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
-            cuts, terms, grow = _add_round(p, cuts, terms, state, config, index)
+            keep = None
+            if config.prune:
+                flats = (state.theta, state.best_theta, start_theta)
+                segments = [torch.split(f, layout.sizes, -1)[3 * H :] for f in flats]
+                keep = tuple(
+                    (segments[0][k] > 0) | (segments[1][k] > 0) | (segments[2][k] > 0)
+                    | (torch.arange(c.rows.shape[-1], device=c.rows.device)
+                       >= c.rows.shape[-1] - recent[k])
+                    for k, c in enumerate(cuts)
+                )  # fmt: skip
+            cuts, terms, grow = _add_round(p, cuts, terms, state, config, index, weights, keep)
+            recent = per_round
+            start_theta = grow(start_theta)
             layout = _layout(scales, widths, cuts, free)
             state = _start_state(
                 p, terms, cuts, layout, grow(state.theta), grow(state.m), grow(state.v),
@@ -351,7 +395,7 @@ def solve(
     if exact:  # the duals evaluate_stable used; never below the start's own value
         best = evaluate_stable(p, terms, cuts, best)[2]
         value = dual_value(p64, cuts, best)
-        start = _padded(init, start_cuts, cuts)
+        start = layout.duals(start_theta)
         start_value = dual_value(p64, cuts, start)
         kept = start_value > value
         value = torch.where(kept, start_value, value)

@@ -224,10 +224,11 @@ def no_cuts(p: AndersonProblem, k: int) -> Cuts:
     )
 
 
-def cut_terms(p: AndersonProblem, k: int, cuts: Cuts) -> CutTerms:
+def cut_terms(p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = None) -> CutTerms:
     """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
-    the problem's dtype (computed from the masks, so a float64 problem gets float64 terms)."""
-    W = p.layers.rows(k, cuts.rows)
+    the problem's dtype (computed from the masks, so a float64 problem gets float64 terms).
+    `weights` `[B, S, R, n_in]`: the rows `W_k[cuts.rows]` when the caller has them."""
+    W = p.layers.rows(k, cuts.rows) if weights is None else weights
     WL, WU = p.ends(k, W)
     mask = cuts.mask.to(W.dtype)
     in_L = (mask * WL).sum(-1)
@@ -373,14 +374,15 @@ def slacks(
 
 def most_violated(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
-    chunk: int = 1 << 22,
+    chunk: int = 1 << 22, weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1)
     for the neurons `index` `[B, R]` of hidden layer k at the point `(x_in [B, S, n_in],
     x_out, z [B, S, n_k])`: the subset `I` with the least right-hand side, `j in I` iff
     `W_ij (L_ij (1 - z) + U_ij z - x_j) >= 0`, and its violation `x - b z - sum_j min(W_ij
     (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, R], mask [B, S, R, n_in])`,
-    computed in chunks of neurons of about `chunk` elements."""
+    computed in chunks of neurons of about `chunk` elements. `weights` `[B, R, n_in]`: the rows
+    `W_k[index]` when the caller has them (`candidate_rows`)."""
     B, S = x_out.shape[:2]
     n_in = x_in.shape[-1]
     b = p.layers.biases[k]
@@ -388,7 +390,7 @@ def most_violated(
     violations, masks = [], []
     for start in range(0, index.shape[1], step):
         idx = index[:, start : start + step]  # [B, r]
-        W = p.layers.rows(k, idx)  # [B, r, n_in]
+        W = p.layers.rows(k, idx) if weights is None else weights[:, start : start + step]
         WL, WU = p.ends(k, W)
         at = idx.unsqueeze(1).expand(B, S, idx.shape[1])
         zz = torch.gather(z, 2, at).unsqueeze(-1)  # [B, S, r, 1]
@@ -421,24 +423,43 @@ def candidates(p: AndersonProblem, k: int) -> Tensor:
     return order[:, :count]
 
 
+def candidate_rows(p: AndersonProblem, k: int, index: Tensor) -> Tensor:
+    """`W_k[index]` `[B, R, n_in]` for the candidates `index` `[B, R]` (`candidates`): fixed
+    for a problem, so a solver computes them once and hands them to the oracle."""
+    return p.layers.rows(k, index)
+
+
 def select_cuts(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
-    restrict: int | None, tolerance: float,
+    restrict: int | None, tolerance: float, weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """One new cut per ambiguous neuron of layer k (`index`: `candidates(p, k)`) at the
     point, the `restrict` most violated per problem when set: `(rows, mask, active)`, active
     where the cut's violation exceeds both Big-M constraints' by more than `tolerance`
-    (relative to the neuron's pre-activation range)."""
+    (relative to the neuron's pre-activation range). `weights`: `candidate_rows(p, k,
+    index)` when the caller has them."""
+    rows, mask, active, _ = select_cuts_at(
+        p, k, x_in, x_out, z, index, restrict, tolerance, weights
+    )  # fmt: skip
+    return rows, mask, active
+
+
+def select_cuts_at(
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
+    restrict: int | None, tolerance: float, weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """`select_cuts` and the positions `[B, S, R']` of the chosen neurons in `index` (to take
+    their rows from `weights`)."""
     lo, up = p.pre_lower[k], p.pre_upper[k]
     B, S = x_out.shape[:2]
     count = index.shape[1]
     if count == 0:
         empty = torch.zeros(B, S, 0, dtype=torch.long, device=lo.device)
         mask = torch.zeros(B, S, 0, x_in.shape[-1], dtype=torch.bool, device=lo.device)
-        return empty, mask, empty.bool()
+        return empty, mask, empty.bool(), empty
     l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
     real = (l < 0) & (u > 0)  # [B, 1, count]: False on the padding
-    violation, mask = most_violated(p, k, x_in, x_out, z, index)
+    violation, mask = most_violated(p, k, x_in, x_out, z, index, weights=weights)
     at = index.unsqueeze(1).expand(B, S, count)
     xh = torch.gather(p.layers.forward(k, x_in), 2, at)
     zz, xx = torch.gather(z, 2, at), torch.gather(x_out, 2, at)
@@ -449,7 +470,7 @@ def select_cuts(
     top, pick = score.topk(r, dim=-1)
     rows = torch.gather(at, 2, pick)
     picked = torch.gather(mask, 2, pick.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
-    return rows, picked, top > tolerance
+    return rows, picked, top > tolerance, pick
 
 
 def anderson_slopes(p: AndersonProblem, slopes: dict[str, Tensor] | None) -> tuple[Tensor, ...]:
