@@ -353,6 +353,8 @@ def solve(
         p, terms, cuts, layout, theta, zeros, zeros, t0, best_value, theta, exact
     )  # fmt: skip
     start_theta = theta  # the start as given (for the final check against it)
+    p64 = p.to(torch.float64)
+    start_value = dual_value(p64, cuts, init) if exact else None  # its cuts: cheap
     index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
     weights = tuple(candidate_rows(p, k, index[k]) for k in range(H))
     per_round = [i.shape[1] if config.restrict is None else min(config.restrict, i.shape[1])
@@ -391,17 +393,19 @@ def solve(
         if clock.checkpoint(it, Best(state.best_value, None)):
             break
     best = layout.duals(state.best_theta)
-    p64 = p.to(torch.float64)
     if exact:  # the duals evaluate_stable used; never below the start's own value
         best = evaluate_stable(p, terms, cuts, best)[2]
         value = dual_value(p64, cuts, best)
-        start = layout.duals(start_theta)
-        start_value = dual_value(p64, cuts, start)
-        kept = start_value > value
-        value = torch.where(kept, start_value, value)
-        best = Duals.unflat(
-            tuple(torch.where(kept.unsqueeze(-1), a, b) for a, b in zip(start.flat(), best.flat()))
-        )
+        # the start where it is better by more than float64 noise (a warm start that is not
+        # CROWN's; from CROWN's duals the stable neurons' duals are the exact ones already)
+        kept = start_value > value + 1e-12 * (1 + value.abs())
+        if bool(kept.any()):
+            start = layout.duals(start_theta)
+            best = Duals.unflat(
+                tuple(torch.where(kept.unsqueeze(-1), a, b)
+                      for a, b in zip(start.flat(), best.flat()))
+            )  # fmt: skip
+            value = dual_value(p64, cuts, best)
     else:
         value = dual_value(p64, cuts, best)
     stats = clock.stats(done)

@@ -88,8 +88,12 @@ class Layers:
         return flat.reshape(*lead, -1)
 
     def rows(self, k: int, index: Tensor, chunk: int = 1 << 24) -> Tensor:
-        """The rows `W_k[index]` `[*index.shape, n_{k-1}]` (adjoints of unit vectors, in chunks
-        of about `chunk` elements)."""
+        """The rows `W_k[index]` `[*index.shape, n_{k-1}]` (adjoints of unit vectors, one per
+        distinct neuron of `index`, in chunks of about `chunk` elements)."""
+        if index.numel() > 1:
+            unique, inverse = torch.unique(index, return_inverse=True)
+            if unique.numel() < index.numel():
+                return self.rows(k, unique, chunk)[inverse]
         n, flat = self.width(k), index.reshape(-1)
         n_in = 1
         for d in self.in_shapes[k]:
@@ -227,13 +231,28 @@ def no_cuts(p: AndersonProblem, k: int) -> Cuts:
 def cut_terms(p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = None) -> CutTerms:
     """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
     the problem's dtype (computed from the masks, so a float64 problem gets float64 terms).
-    `weights` `[B, S, R, n_in]`: the rows `W_k[cuts.rows]` when the caller has them."""
-    W = p.layers.rows(k, cuts.rows) if weights is None else weights
-    WL, WU = p.ends(k, W)
-    mask = cuts.mask.to(W.dtype)
-    in_L = (mask * WL).sum(-1)
-    zeta = p.layers.biases[k][cuts.rows] + (WU * (1 - mask)).sum(-1) + in_L
-    return CutTerms(W * mask, -in_L, zeta)
+    `weights` `[B, S, R, n_in]`: the rows `W_k[cuts.rows]` when the caller has them.
+
+    With the input box's centre `m` and half-width `h`, `W_ij L_ij = W_ij m_j - |W_ij| h_j` and
+    `W_ij U_ij = W_ij m_j + |W_ij| h_j`, so `kappa = -(WI m - |WI| h)` and `zeta = b + (W m +
+    |W| h) - 2 |WI| h`: two matrix-vector products over the masked rows, no per-weight
+    select."""
+    B, S, R = cuts.rows.shape
+    lo, up = p.x_lower[k], p.x_upper[k]
+    mid, half = ((lo + up) / 2).reshape(B, 1, -1, 1), ((up - lo) / 2).reshape(B, 1, -1, 1)
+    if weights is None:  # the distinct rows once: their box maxima by one product
+        unique, inverse = torch.unique(cuts.rows, return_inverse=True)
+        Wu = p.layers.rows(k, unique)  # [U, n_in]
+        top = (lo @ Wu.T + up @ Wu.T + (up - lo) @ Wu.abs().T) / 2  # [B, U]
+        top = torch.gather(top, 1, inverse.reshape(B, -1)).reshape(B, S, R)
+        W = Wu[inverse]
+    else:
+        W = weights
+        top = ((W @ mid) + (W.abs() @ half)).squeeze(-1)
+    WI = W * cuts.mask.to(W.dtype)
+    in_L = ((WI @ mid) - (WI.abs() @ half)).squeeze(-1)
+    zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() @ half).squeeze(-1)
+    return CutTerms(WI, -in_L, zeta)
 
 
 class Duals(NamedTuple):
