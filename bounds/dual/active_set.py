@@ -41,9 +41,12 @@ from bounds.dual.anderson import (
     dual_value,
     evaluate,
     evaluate_stable,
+    layer_support,
     no_cuts,
+    row_support,
     select_cuts_at,
     slacks,
+    sparse_terms,
 )
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
 from bounds.methods.alpha_crown import adam_ascent
@@ -244,10 +247,11 @@ def _start_state(
 
 def _add_round(
     p: AndersonProblem, cuts, terms, state: State, config: ActiveSetConfig, index: tuple,
-    weights: tuple | None = None, keep: tuple | None = None,
+    weights: tuple | None = None, keep: tuple | None = None, supports: tuple | None = None,
 ):  # fmt: skip
     """One cut round: the oracle at the minimisers' average on the candidate neurons `index`
-    (per layer; `weights`: their rows, `candidate_rows`), the new constraints appended (their
+    (per layer; `weights`: their rows, `candidate_rows`, or with `supports[k]` not None their
+    values there, `row_support`, and the layer's terms sparse), the new constraints appended (their
     terms computed); the old ones kept where `keep[k]` `[B, S, R_k]` (default: all), moved to
     the front per problem and the slots that no problem keeps dropped. Returns the cuts, their
     terms and `grow`, which maps a flat tensor of the old layout to the new one (the kept
@@ -255,9 +259,10 @@ def _add_round(
     H = p.layers.hidden
     xbar = tuple(s / state.count for s in state.x_sum)
     zbar = tuple(s / state.count for s in state.z_sum)
+    supports = supports if supports is not None else (None,) * H
     chosen = [
         select_cuts_at(p, k, xbar[k], xbar[k + 1], zbar[k], index[k], config.restrict,
-                       config.tolerance, None if weights is None else weights[k])
+                       config.tolerance, None if weights is None else weights[k], supports[k])
         for k in range(H)
     ]  # fmt: skip
     fresh = tuple(Cuts(rows, mask, active) for rows, mask, active, _ in chosen)
@@ -273,18 +278,23 @@ def _add_round(
             gather = _gather_slots(order)
             cuts = (*cuts[:k], Cuts(gather(cuts[k].rows), gather(cuts[k].mask),
                                     gather(kept)), *cuts[k + 1 :])  # fmt: skip
-            terms = (*terms[:k], CutTerms(*(gather(t) for t in terms[k])), *terms[k + 1 :])
+            moved = (None if t is None else gather(t) for t in terms[k])
+            terms = (*terms[:k], CutTerms(*moved), *terms[k + 1 :])
     new_terms = []
     for k, (c, (_, _, _, pick)) in enumerate(zip(fresh, chosen)):
-        rows = None
+        rows = support = None
         if weights is not None:
             B, S, R = pick.shape
             n_in = weights[k].shape[-1]
             at = pick.reshape(B, S * R, 1).expand(-1, -1, n_in)
             rows = torch.gather(weights[k], 1, at).reshape(B, S, R, n_in)
-        new_terms.append(cut_terms(p, k, c, rows))
-    terms = tuple(CutTerms(*(torch.cat(pair, 2) for pair in zip(t, f)))
-                  for t, f in zip(terms, new_terms))  # fmt: skip
+            if supports[k] is not None:
+                support = torch.gather(supports[k], 1, at).reshape(B, S, R, n_in)
+        new_terms.append(cut_terms(p, k, c, rows, support))
+    terms = tuple(
+        CutTerms(*(None if a is None else torch.cat([a, b], 2) for a, b in zip(t, f)))
+        for t, f in zip(terms, new_terms)
+    )
     cuts = tuple(add_cuts(c, *f) for c, f in zip(cuts, fresh))
     head = state.theta.shape[-1] - sum(old)
 
@@ -339,7 +349,20 @@ def solve(
     tick = time.monotonic()
     given = cuts is not None
     cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
-    terms = tuple(cut_terms(p, k, cuts[k]) for k in range(H))
+    index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
+    weights = tuple(candidate_rows(p, k, index[k]) for k in range(H))
+    # convolutions: each row's kernel window only (`CutTerms.support`), F inputs per cut
+    widths_in = [
+        layer_support(p, k, torch.cat([index[k].reshape(-1), cuts[k].rows.reshape(-1)]))
+        for k in range(H)
+    ]  # fmt: skip
+    sparse = [None if F is None else row_support(w, F) for w, F in zip(weights, widths_in)]
+    supports = tuple(None if t is None else t[0] for t in sparse)
+    weights = tuple(w if t is None else t[1] for w, t in zip(weights, sparse))
+    terms = tuple(
+        cut_terms(p, k, cuts[k]) if F is None else sparse_terms(p, k, cuts[k], F)
+        for k, F in enumerate(widths_in)
+    )
     exact = config.exact_stable
     free = _ambiguous(p) if exact else None
     scales = _layer_scales(init)
@@ -354,9 +377,7 @@ def solve(
     )  # fmt: skip
     start_theta = theta  # the start as given (for the final check against it)
     p64 = p.to(torch.float64)
-    start_value = dual_value(p64, cuts, init) if exact else None  # its cuts: cheap
-    index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
-    weights = tuple(candidate_rows(p, k, index[k]) for k in range(H))
+    start_value = dual_value(p64, cuts, init, sparse=True) if exact else None  # its cuts: cheap
     per_round = [i.shape[1] if config.restrict is None else min(config.restrict, i.shape[1])
                  for i in index]  # fmt: skip
     recent = [0] * H  # cuts added by the last round, per layer (never pruned at the next)
@@ -377,7 +398,9 @@ def solve(
                        >= c.rows.shape[-1] - recent[k])
                     for k, c in enumerate(cuts)
                 )  # fmt: skip
-            cuts, terms, grow = _add_round(p, cuts, terms, state, config, index, weights, keep)
+            cuts, terms, grow = _add_round(
+                p, cuts, terms, state, config, index, weights, keep, supports
+            )  # fmt: skip
             recent = per_round
             start_theta = grow(start_theta)
             layout = _layout(scales, widths, cuts, free)
@@ -395,7 +418,7 @@ def solve(
     best = layout.duals(state.best_theta)
     if exact:  # the duals evaluate_stable used; never below the start's own value
         best = evaluate_stable(p, terms, cuts, best)[2]
-        value = dual_value(p64, cuts, best)
+        value = dual_value(p64, cuts, best, sparse=True)
         # the start where it is better by more than float64 noise (a warm start that is not
         # CROWN's; from CROWN's duals the stable neurons' duals are the exact ones already)
         kept = start_value > value + 1e-12 * (1 + value.abs())
@@ -405,9 +428,9 @@ def solve(
                 tuple(torch.where(kept.unsqueeze(-1), a, b)
                       for a, b in zip(start.flat(), best.flat()))
             )  # fmt: skip
-            value = dual_value(p64, cuts, best)
+            value = dual_value(p64, cuts, best, sparse=True)
     else:
-        value = dual_value(p64, cuts, best)
+        value = dual_value(p64, cuts, best, sparse=True)
     stats = clock.stats(done)
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds

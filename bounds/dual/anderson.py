@@ -210,11 +210,57 @@ class Cuts(NamedTuple):
 
 class CutTerms(NamedTuple):
     """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
-    `zeta` `[B, S, R]`."""
+    `zeta` `[B, S, R]`. With `support` `[B, S, R, F]` (the inputs a row can be nonzero on, as
+    for a convolution's kernel window; F << n_in), `WI` is `[B, S, R, F]` on those inputs."""
 
     WI: Tensor
     kappa: Tensor
     zeta: Tensor
+    support: Tensor | None = None
+
+
+def _flat_index(support: Tensor) -> Tensor:
+    """`[B, S, R * F]` from `[B, S, R, F]`."""
+    return support.reshape(*support.shape[:2], -1)
+
+
+def cut_matvec(t: CutTerms, x: Tensor) -> Tensor:
+    """`sum_j WI_rj x_j` `[B, S, R]` for `x` `[B, S, n_in]`."""
+    if t.support is None:
+        return torch.einsum("bsri,bsi->bsr", t.WI, x)
+    return (t.WI * torch.gather(x, 2, _flat_index(t.support)).reshape(t.WI.shape)).sum(-1)
+
+
+def cut_adjoint(t: CutTerms, beta: Tensor, n_in: int) -> Tensor:
+    """`sum_r beta_r WI_r` `[B, S, n_in]` for `beta` `[B, S, R]`."""
+    if t.support is None:
+        return torch.einsum("bsr,bsri->bsi", beta, t.WI)
+    out = beta.new_zeros(*beta.shape[:2], n_in)
+    values = (beta.unsqueeze(-1) * t.WI).reshape(*beta.shape[:2], -1)
+    return out.scatter_add(2, _flat_index(t.support), values)
+
+
+def row_support(rows: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """For weight rows `[..., n_in]`: `(support [..., F], values [..., F])`, the positions of
+    each row's nonzeros (F = `width`, default the most any row has; shorter rows padded with
+    position 0 and value 0) and the weights there."""
+    nonzero = rows != 0
+    most = int(nonzero.sum(-1).max()) if rows.numel() else 0
+    if width is not None and width < most:
+        raise ValueError(f"a row has {most} nonzeros, more than width {width}")
+    F = max(1, most) if width is None else width
+    order = torch.argsort((~nonzero).to(torch.int8), dim=-1, stable=True)[..., :F]
+    values = torch.gather(rows, -1, order)
+    return torch.where(values != 0, order, torch.zeros_like(order)), values
+
+
+def _box_at(p: AndersonProblem, k: int, support: Tensor) -> tuple[Tensor, Tensor]:
+    """The input box of layer k at `support` `[B, ..., F]`: `(lower, upper)`, same shape."""
+    B = support.shape[0]
+    at = support.reshape(B, -1)
+    shape = support.shape
+    lo = torch.gather(p.x_lower[k], 1, at).reshape(shape)
+    return lo, torch.gather(p.x_upper[k], 1, at).reshape(shape)
 
 
 def no_cuts(p: AndersonProblem, k: int) -> Cuts:
@@ -228,7 +274,10 @@ def no_cuts(p: AndersonProblem, k: int) -> Cuts:
     )
 
 
-def cut_terms(p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = None) -> CutTerms:
+def cut_terms(
+    p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = None,
+    support: Tensor | None = None,
+) -> CutTerms:  # fmt: skip
     """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
     the problem's dtype (computed from the masks, so a float64 problem gets float64 terms).
     `weights` `[B, S, R, n_in]`: the rows `W_k[cuts.rows]` when the caller has them.
@@ -236,8 +285,19 @@ def cut_terms(p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = N
     With the input box's centre `m` and half-width `h`, `W_ij L_ij = W_ij m_j - |W_ij| h_j` and
     `W_ij U_ij = W_ij m_j + |W_ij| h_j`, so `kappa = -(WI m - |WI| h)` and `zeta = b + (W m +
     |W| h) - 2 |WI| h`: two matrix-vector products over the masked rows, no per-weight
-    select."""
+    select. `support` `[B, S, R, F]` (`row_support`; `weights` then `[B, S, R, F]`, the
+    values there): sparse terms (`CutTerms.support`)."""
     B, S, R = cuts.rows.shape
+    if support is not None:
+        lo, up = _box_at(p, k, support)
+        mid, half = (lo + up) / 2, (up - lo) / 2
+        mask = torch.gather(cuts.mask, 3, support)
+        W = weights
+        WI = W * mask.to(W.dtype)
+        in_L = (WI * mid).sum(-1) - (WI.abs() * half).sum(-1)
+        top = (W * mid).sum(-1) + (W.abs() * half).sum(-1)
+        zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() * half).sum(-1)
+        return CutTerms(WI, -in_L, zeta, support)
     lo, up = p.x_lower[k], p.x_upper[k]
     mid, half = ((lo + up) / 2).reshape(B, 1, -1, 1), ((up - lo) / 2).reshape(B, 1, -1, 1)
     if weights is None:  # the distinct rows once: their box maxima by one product
@@ -348,7 +408,7 @@ def _evaluate(
         value = value - (beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
         above = layers.adjoint(k, alpha[k] - beta_l[k])
         if terms[k].WI.shape[2]:
-            above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
+            above = above - cut_adjoint(terms[k], d.beta_cut[k], above.shape[-1])
     box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
     used = Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), d.beta_cut)
     return value + box_value, Primal(tuple(xs), tuple(zs)), used
@@ -382,7 +442,7 @@ def slacks(
         t = terms[k]
         rows = cuts[k].rows
         if rows.shape[2]:
-            rhs = torch.einsum("bsri,bsi->bsr", t.WI, x_in) + t.kappa
+            rhs = cut_matvec(t, x_in) + t.kappa
             rhs = rhs + t.zeta * torch.gather(z, 2, rows)
             beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
         else:
@@ -393,7 +453,7 @@ def slacks(
 
 def most_violated(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
-    chunk: int = 1 << 22, weights: Tensor | None = None,
+    chunk: int = 1 << 22, weights: Tensor | None = None, support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1)
     for the neurons `index` `[B, R]` of hidden layer k at the point `(x_in [B, S, n_in],
@@ -401,25 +461,37 @@ def most_violated(
     `W_ij (L_ij (1 - z) + U_ij z - x_j) >= 0`, and its violation `x - b z - sum_j min(W_ij
     (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, R], mask [B, S, R, n_in])`,
     computed in chunks of neurons of about `chunk` elements. `weights` `[B, R, n_in]`: the rows
-    `W_k[index]` when the caller has them (`candidate_rows`)."""
+    `W_k[index]` when the caller has them (`candidate_rows`). With `support` `[B, R, F]`
+    (`row_support` of the rows; `weights` then their values there, `[B, R, F]`) the work is
+    over each row's support only and `mask` is `[B, S, R, F]`, on the support."""
     B, S = x_out.shape[:2]
     n_in = x_in.shape[-1]
     b = p.layers.biases[k]
-    step = max(1, chunk // max(1, B * S * n_in))
+    width = n_in if support is None else support.shape[-1]
+    step = max(1, chunk // max(1, B * S * width))
     violations, masks = [], []
     for start in range(0, index.shape[1], step):
         idx = index[:, start : start + step]  # [B, r]
         W = p.layers.rows(k, idx) if weights is None else weights[:, start : start + step]
-        WL, WU = p.ends(k, W)
         at = idx.unsqueeze(1).expand(B, S, idx.shape[1])
         zz = torch.gather(z, 2, at).unsqueeze(-1)  # [B, S, r, 1]
-        inside = W.unsqueeze(1) * x_in.unsqueeze(2) - WL.unsqueeze(1) * (1 - zz)
+        if support is None:
+            WL, WU = p.ends(k, W)
+            x = x_in.unsqueeze(2)
+        else:
+            part = support[:, start : start + step]  # [B, r, F]
+            lo, up = _box_at(p, k, part)
+            positive = W > 0
+            WL, WU = W * torch.where(positive, lo, up), W * torch.where(positive, up, lo)
+            flat = part.reshape(B, 1, -1).expand(B, S, -1)
+            x = torch.gather(x_in, 2, flat).reshape(B, S, *part.shape[1:])
+        inside = W.unsqueeze(1) * x - WL.unsqueeze(1) * (1 - zz)
         outside = WU.unsqueeze(1) * zz
         rhs = b[idx].unsqueeze(1) * zz.squeeze(-1) + torch.minimum(inside, outside).sum(-1)
         violations.append(torch.gather(x_out, 2, at) - rhs)
         masks.append(inside <= outside)
     if not violations:
-        return x_out.new_zeros(B, S, 0), torch.zeros(B, S, 0, n_in, dtype=torch.bool)
+        return x_out.new_zeros(B, S, 0), torch.zeros(B, S, 0, width, dtype=torch.bool)
     return torch.cat(violations, 2), torch.cat(masks, 2)
 
 
@@ -451,14 +523,15 @@ def candidate_rows(p: AndersonProblem, k: int, index: Tensor) -> Tensor:
 def select_cuts(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
     restrict: int | None, tolerance: float, weights: Tensor | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """One new cut per ambiguous neuron of layer k (`index`: `candidates(p, k)`) at the
     point, the `restrict` most violated per problem when set: `(rows, mask, active)`, active
     where the cut's violation exceeds both Big-M constraints' by more than `tolerance`
     (relative to the neuron's pre-activation range). `weights`: `candidate_rows(p, k,
-    index)` when the caller has them."""
+    index)` when the caller has them (with `support`: their `row_support`)."""
     rows, mask, active, _ = select_cuts_at(
-        p, k, x_in, x_out, z, index, restrict, tolerance, weights
+        p, k, x_in, x_out, z, index, restrict, tolerance, weights, support
     )  # fmt: skip
     return rows, mask, active
 
@@ -466,6 +539,7 @@ def select_cuts(
 def select_cuts_at(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
     restrict: int | None, tolerance: float, weights: Tensor | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """`select_cuts` and the positions `[B, S, R']` of the chosen neurons in `index` (to take
     their rows from `weights`)."""
@@ -478,7 +552,7 @@ def select_cuts_at(
         return empty, mask, empty.bool(), empty
     l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
     real = (l < 0) & (u > 0)  # [B, 1, count]: False on the padding
-    violation, mask = most_violated(p, k, x_in, x_out, z, index, weights=weights)
+    violation, mask = most_violated(p, k, x_in, x_out, z, index, weights=weights, support=support)
     at = index.unsqueeze(1).expand(B, S, count)
     xh = torch.gather(p.layers.forward(k, x_in), 2, at)
     zz, xx = torch.gather(z, 2, at), torch.gather(x_out, 2, at)
@@ -489,6 +563,14 @@ def select_cuts_at(
     top, pick = score.topk(r, dim=-1)
     rows = torch.gather(at, 2, pick)
     picked = torch.gather(mask, 2, pick.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
+    if support is not None:  # back to masks over all inputs (pads, weight 0, left out)
+        F = support.shape[-1]
+        where = torch.gather(support, 1, pick.reshape(B, S * r, 1).expand(-1, -1, F))
+        value = torch.gather(weights, 1, pick.reshape(B, S * r, 1).expand(-1, -1, F))
+        where = where.reshape(B, S, r, F)
+        inside = (picked & (value.reshape(B, S, r, F) != 0)).to(torch.uint8)
+        dense = torch.zeros(B, S, r, x_in.shape[-1], dtype=torch.uint8, device=inside.device)
+        picked = dense.scatter_add_(3, where, inside) > 0
     return rows, picked, top > tolerance, pick
 
 
@@ -507,10 +589,38 @@ def anderson_slopes(p: AndersonProblem, slopes: dict[str, Tensor] | None) -> tup
     return tuple(out)
 
 
-def dual_value(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) -> Tensor:
+def layer_support(p: AndersonProblem, k: int, index: Tensor) -> int | None:
+    """The most nonzeros of the rows `W_k[index]` when that is a quarter of the inputs or
+    fewer (a convolution's kernel window: the layer's cuts are best kept sparse), else None."""
+    if index.numel() == 0:
+        return None
+    F = max(1, int((p.layers.rows(k, torch.unique(index)) != 0).sum(-1).max()))
+    return F if p.x_lower[k].shape[-1] >= 4 * F else None
+
+
+def sparse_terms(p: AndersonProblem, k: int, cuts: Cuts, width: int | None = None) -> CutTerms:
+    """`cut_terms` on the rows' supports of `width` (default `layer_support`; sparse
+    `CutTerms`) where the rows are sparse, else dense."""
+    width = layer_support(p, k, cuts.rows) if width is None else width
+    if width is None:
+        return cut_terms(p, k, cuts)
+    B, S, R = cuts.rows.shape
+    if R == 0:
+        empty = cuts.rows.new_zeros(B, S, 0, width)
+        return cut_terms(p, k, cuts, empty.to(p.c.dtype), empty)
+    unique, inverse = torch.unique(cuts.rows, return_inverse=True)
+    support, values = row_support(p.layers.rows(k, unique), width)  # [U, F]
+    return cut_terms(p, k, cuts, values[inverse], support[inverse])
+
+
+def dual_value(
+    p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals, sparse: bool = False
+) -> Tensor:
     """`d` `[B, S]` at the duals `d` for these cuts, their terms computed in the problem's
-    dtype (a float64 problem: the float64 re-evaluation of a solver's duals)."""
-    terms = tuple(cut_terms(p, k, c) for k, c in enumerate(cuts))
+    dtype (a float64 problem: the float64 re-evaluation of a solver's duals); `sparse`: by
+    `sparse_terms` (the same value, less work on convolutions)."""
+    make = sparse_terms if sparse else cut_terms
+    terms = tuple(make(p, k, c) for k, c in enumerate(cuts))
     value, _ = evaluate(p, terms, cuts, d.to(p.c.dtype))
     return value
 
