@@ -260,6 +260,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=active_set.ActiveSetConfig.iterations)
     parser.add_argument("--max-cuts", type=int, default=active_set.ActiveSetConfig.max_cuts)
+    parser.add_argument(
+        "--cut-frequency", type=int, default=active_set.ActiveSetConfig.cut_frequency
+    )
+    parser.add_argument(
+        "--restrict", type=int, default=active_set.ActiveSetConfig.restrict, help="0: None"
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
     parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
@@ -268,7 +274,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
+    config = active_set.ActiveSetConfig(
+        iterations=args.iterations, max_cuts=args.max_cuts, cut_frequency=args.cut_frequency,
+        restrict=args.restrict or None,
+    )  # fmt: skip
     suffix = ("_quick" if args.quick else "") + args.tag
     command = "python benchmarks/beyond_planet.py " + " ".join(sys.argv[1:])
     out = [f"# Beyond Planet\n\n`{command}` ({args.threads} thread)\n"]
