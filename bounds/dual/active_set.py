@@ -373,6 +373,7 @@ def solve(
         for k, F in enumerate(widths_in)
     )
     exact = config.exact_stable
+    p.constants  # noqa: B018 (computed once here, outside any compiled step)
     free = _ambiguous(p) if exact else None
     scales = _layer_scales(init)
     widths = tuple(p.layers.width(k) for k in range(H))

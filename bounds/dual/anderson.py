@@ -36,6 +36,7 @@ plain tensors. The batch is `[B, S]`: problems (boxes) times specifications.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -174,6 +175,11 @@ class AndersonProblem:
                   for lo, up in zip(self.pre_lower, self.pre_upper)),
             self.c.to(dtype),
         )  # fmt: skip
+
+    @cached_property
+    def constants(self) -> tuple[_LayerConstants, ...]:
+        """Per hidden layer, the fixed tensors an evaluation reads (computed once)."""
+        return _constants(self)
 
     def ends(self, k: int, rows: Tensor) -> tuple[Tensor, Tensor]:
         """`(W_ij L_ij, W_ij U_ij)` for weight rows `rows` `[B, ..., n_in]` of layer k: each
@@ -378,6 +384,34 @@ def evaluate_stable(
     return _evaluate(p, terms, cuts, d, exact_stable=True)
 
 
+class _LayerConstants(NamedTuple):
+    """Hidden layer k's fixed tensors, `[B, 1, n_k]`: pre-activation bounds, the output box,
+    `b - l`, and the ambiguous (`l < 0 < u`) and passing (`l >= 0`) neurons (as 0 / 1, and
+    passing as bool)."""
+
+    lo: Tensor
+    up: Tensor
+    lb: Tensor
+    ub: Tensor
+    b_lo: Tensor
+    ambiguous: Tensor
+    passing: Tensor
+    passing_bool: Tensor
+
+
+def _constants(p: AndersonProblem) -> tuple[_LayerConstants, ...]:
+    out = []
+    for k in range(p.layers.hidden):
+        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        passing = lo >= 0
+        out.append(_LayerConstants(
+            lo, up, p.x_lower[k + 1].unsqueeze(1), p.x_upper[k + 1].unsqueeze(1),
+            p.layers.biases[k] - lo, ((lo < 0) & (up > 0)).to(lo.dtype), passing.to(lo.dtype),
+            passing,
+        ))  # fmt: skip
+    return tuple(out)
+
+
 def _evaluate(
     p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals,
     exact_stable: bool,
@@ -388,26 +422,26 @@ def _evaluate(
     above = layers.adjoint(H, p.c)  # coefficient of x_{H-1} from the output layer
     xs, zs = [None] * (H + 1), [None] * H
     alpha, beta_u, beta_l = list(d.alpha), list(d.beta_u), list(d.beta_l)
-    for k in range(H - 1, -1, -1):
+    for k, s in reversed(list(enumerate(p.constants))):
         n = layers.width(k)
-        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
-        mu = above + _scatter(cuts[k].rows, d.beta_cut[k], n)
-        if exact_stable:
-            passing, dead = lo >= 0, up <= 0
-            zero = torch.zeros((), dtype=mu.dtype, device=mu.device)
-            alpha[k] = torch.where(passing, mu.clamp_min(0), torch.where(dead, zero, alpha[k]))
-            beta_l[k] = torch.where(passing, (-mu).clamp_min(0), torch.where(dead, zero, beta_l[k]))
-            beta_u[k] = torch.where(passing | dead, zero, beta_u[k])
+        with_cuts = cuts[k].rows.shape[2] > 0
+        mu = above + _scatter(cuts[k].rows, d.beta_cut[k], n) if with_cuts else above
+        if exact_stable:  # ambiguous: as given; passing: mu passed through; dead: 0
+            through = mu.clamp_min(0)
+            alpha[k] = s.ambiguous * alpha[k] + s.passing * through
+            beta_l[k] = s.ambiguous * beta_l[k] + s.passing * (through - mu)
+            beta_u[k] = s.ambiguous * beta_u[k]
         f = mu - alpha[k] + beta_u[k] + beta_l[k]
-        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
-        g = beta_u[k] * up + beta_l[k] * lo
-        g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+        xs[k + 1] = torch.where(f >= 0, s.lb, s.ub)
+        g = beta_u[k] * s.up + beta_l[k] * s.lo
+        if with_cuts:
+            g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+            value = value - (d.beta_cut[k] * terms[k].kappa).sum(-1)
         zs[k] = (g >= 0).to(g.dtype)
-        value = value + box_value - torch.relu(g).sum(-1)
-        value = value + (alpha[k] * b[k]).sum(-1)
-        value = value - (beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
+        per = f * xs[k + 1] + alpha[k] * b[k] - beta_l[k] * s.b_lo - torch.relu(g)
+        value = value + per.sum(-1)
         above = layers.adjoint(k, alpha[k] - beta_l[k])
-        if terms[k].WI.shape[2]:
+        if with_cuts:
             above = above - cut_adjoint(terms[k], d.beta_cut[k], above.shape[-1])
     box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
     used = Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), d.beta_cut)
@@ -428,14 +462,12 @@ def slacks(
     supergradient of the others (the envelope of the exact pass-through)."""
     alpha, beta_u, beta_l, beta_cut = [], [], [], []
     x_in = x.x[0]
-    for k in range(p.layers.hidden):
+    for k, s in enumerate(p.constants):
         xh = p.layers.forward(k, x_in)
         out, z = x.x[k + 1], x.z[k]
         if exact_stable:
-            lb, ub = p.x_lower[k + 1].unsqueeze(1), p.x_upper[k + 1].unsqueeze(1)
-            passing = p.pre_lower[k].unsqueeze(1) >= 0
-            out = torch.where(passing, torch.minimum(torch.maximum(xh, lb), ub), out)
-        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+            out = torch.where(s.passing_bool, torch.minimum(torch.maximum(xh, s.lb), s.ub), out)
+        lo, up = s.lo, s.up
         alpha.append(xh - out)
         beta_u.append(out - up * z)
         beta_l.append(out - xh + lo * (1 - z))
