@@ -22,6 +22,7 @@ Usage: python benchmarks/beyond_planet.py [--part final|proven|both] [--quick] [
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -163,12 +164,19 @@ def _mean(values) -> str:
 
 
 def part_final(
-    quick: bool, config, suites=(), lp_limit=600.0, save=None, sp_fw_config=SP_FW
+    quick: bool, config, suites=(), lp_limit=600.0, save=None, sp_fw_config=SP_FW,
+    lp_from: dict | None = None,
 ) -> list[dict]:
+    """`lp_from`: (suite, id) -> a row of an earlier run whose LP values and seconds are taken
+    instead of solving the LP again (same instances and CROWN intervals: the same optimum)."""
     rows = []
     for suite, ident, net, lo, up, C in final_instances(quick, suites):
-        row = {"suite": suite, "id": ident}
-        row.update(run_final(net, lo, up, C, config, lp_limit, sp_fw_config))
+        earlier = None if lp_from is None else lp_from.get((suite, ident))
+        limit = 0.0 if earlier is not None else lp_limit
+        row = {"suite": suite, "id": ident,
+               **run_final(net, lo, up, C, config, limit, sp_fw_config)}  # fmt: skip
+        if earlier is not None:
+            row["lp"], row["lp_seconds"] = earlier["lp"], earlier["lp_seconds"]
         row["above_lp"] = _above(row["active-set"], row["lp"])
         row["sp-fw_above_lp"] = _above(row["sp-fw"], row["lp"])
         rows.append(row)
@@ -297,26 +305,45 @@ def main() -> None:
     parser.add_argument(
         "--sp-fw-iterations", type=int, default=sp_fw.SpFwConfig.iterations, help="SP-FW steps"
     )
+    parser.add_argument(
+        "--cut-frequency", type=int, default=active_set.ActiveSetConfig.cut_frequency
+    )
+    parser.add_argument(
+        "--restrict", type=int, default=active_set.ActiveSetConfig.restrict, help="0: None"
+    )
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
     parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
     parser.add_argument(
         "--lp-limit", type=float, default=600.0, help="seconds per LP solve (0: no LP)"
     )
+    parser.add_argument(
+        "--lp-from", type=Path, default=None,
+        help="an earlier run's JSON whose LP values to reuse for the same instances",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = active_set.ActiveSetConfig(iterations=args.iterations, max_cuts=args.max_cuts)
+    config = active_set.ActiveSetConfig(
+        iterations=args.iterations, max_cuts=args.max_cuts, cut_frequency=args.cut_frequency,
+        restrict=args.restrict or None,
+    )  # fmt: skip
     suffix = ("_quick" if args.quick else "") + args.tag
     command = "python benchmarks/beyond_planet.py " + " ".join(sys.argv[1:])
     out = [f"# Beyond Planet\n\n`{command}` ({args.threads} thread)\n"]
-    payload: dict = {"command": command, "config": vars(args)}
+    payload: dict = {"command": command, "config": {**vars(args), "lp_from": str(args.lp_from)}}
     if args.part in ("final", "both"):
 
         def save(rows):
             write_json(f"beyond_planet{suffix}.json", {**payload, "final": rows})
 
         sp_fw_config = sp_fw.SpFwConfig(iterations=args.sp_fw_iterations)
-        rows = part_final(args.quick, config, tuple(args.suites), args.lp_limit, save, sp_fw_config)
+        lp_from = None
+        if args.lp_from is not None:
+            earlier = json.loads(args.lp_from.read_text())["final"]
+            lp_from = {(r["suite"], r["id"]): r for r in earlier if r["lp"] is not None}
+        rows = part_final(
+            args.quick, config, tuple(args.suites), args.lp_limit, save, sp_fw_config, lp_from
+        )  # fmt: skip
         table = final_table(rows)
         print(table)
         out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]

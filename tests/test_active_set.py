@@ -14,7 +14,10 @@ import verify
 from bounds.anderson_lp import anderson_lp
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
 from bounds.dual.anderson import (
+    Cuts,
+    Duals,
     anderson_slopes,
+    candidates,
     cut_terms,
     evaluate,
     most_violated,
@@ -219,15 +222,23 @@ def test_bad_options_are_refused():
         ActiveSetConfig(cut_frequency=0)
 
 
-def test_restrict_caps_the_cuts_per_round():
+@pytest.mark.parametrize("prune", [False, True])
+def test_restrict_caps_the_cuts_per_round(prune):
     _, graph, box = _tiny(0, width=8)
     p, init, _, _ = _problem(graph, box)
-    config = ActiveSetConfig(iterations=60, big_m_iterations=5, cut_frequency=10, restrict=2)
+    config = ActiveSetConfig(
+        iterations=60, big_m_iterations=5, cut_frequency=10, restrict=2, prune=prune
+    )
     result = solve(p, config, init)
     rounds = result.stats["cut_rounds"]
     assert rounds == config.max_cuts
     for cuts in result.cuts:
-        assert cuts.rows.shape[-1] == 2 * rounds
+        if prune:  # the cuts of earlier rounds whose multipliers stayed 0 are dropped
+            assert 2 <= cuts.rows.shape[-1] <= 2 * rounds
+        else:
+            assert cuts.rows.shape[-1] == 2 * rounds
+    slots = sum(c.rows.shape[-1] for c in result.cuts)
+    assert (slots < 2 * rounds * len(result.cuts)) == prune
     assert (result.lower <= anderson_lp(p, all_cuts=True) + 1e-7).all()
 
 
@@ -263,3 +274,61 @@ def test_anderson_intermediate_bounds_contain_the_network_and_tighten_crowns(kin
         assert (tight[name].upper <= crown_iv[name].upper + 1e-12).all()
         gained |= bool((tight[name].lower > crown_iv[name].lower + 1e-6).any())
     assert gained
+
+
+def _small_conv():
+    torch.manual_seed(5)
+    net = nn.Sequential(
+        nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Conv2d(2, 2, 3, stride=2, padding=1),
+        nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3),
+    ).double().eval()  # fmt: skip
+    return net, (1, 8, 8)
+
+
+def test_sparse_cuts_on_convolutions_equal_the_dense_ones():
+    """Conv rows are kept on their kernel windows (`CutTerms.support`): the oracle picks the
+    same constraints and the terms give the same dual value as the dense ones."""
+    from bounds.dual.anderson import dual_value, layer_support, row_support, select_cuts
+
+    net, shape = _small_conv()
+    graph = network_graph(net, shape)
+    x = torch.rand(1, *shape, dtype=torch.float64)
+    box = Interval(x - 0.2, x + 0.2)
+    p, init, _, _ = _problem(graph, box)
+    gen = torch.Generator().manual_seed(1)
+    cuts = []
+    for k in range(p.layers.hidden):
+        index = candidates(p, k)
+        F = layer_support(p, k, index)
+        assert F is not None and p.x_lower[k].shape[-1] >= 4 * F
+        support, values = row_support(p.layers.rows(k, index), F)
+        S = p.c.shape[1]
+        x_in = torch.rand(1, S, p.x_lower[k].shape[-1], generator=gen, dtype=torch.float64)
+        x_in = p.x_lower[k][:, None] + x_in * (p.x_upper[k] - p.x_lower[k])[:, None]
+        width = p.layers.width(k)
+        x_out = torch.rand(1, S, width, generator=gen, dtype=torch.float64)
+        x_out = x_out * p.x_upper[k + 1][:, None]
+        z = torch.rand(1, S, width, generator=gen, dtype=torch.float64)
+        dense = select_cuts(p, k, x_in, x_out, z, index, 4, 0.0)
+        sparse = select_cuts(p, k, x_in, x_out, z, index, 4, 0.0, values, support)
+        assert torch.equal(dense[0], sparse[0]) and torch.equal(dense[2], sparse[2])
+        nonzero = p.layers.rows(k, dense[0]) != 0  # the masks only matter where W_ij != 0
+        assert torch.equal(dense[1] & nonzero, sparse[1])
+        cuts.append(Cuts(*dense))
+    beta = tuple(torch.rand(c.rows.shape, generator=gen, dtype=torch.float64) for c in cuts)
+    d = Duals(init.alpha, init.beta_u, init.beta_l, beta)
+    torch.testing.assert_close(
+        dual_value(p, tuple(cuts), d, sparse=True), dual_value(p, tuple(cuts), d),
+        rtol=1e-12, atol=1e-12,
+    )  # fmt: skip
+
+
+def test_active_set_on_a_convolutional_net_is_sound_and_above_its_start():
+    net, shape = _small_conv()
+    x = torch.rand(2, *shape, dtype=torch.float64)
+    C = torch.randn(2, 3, 3, dtype=torch.float64)
+    result = verify.bounds(net, 0.2, x=x, C=C, method="active-set", iterations=80)
+    start = verify.bounds(net, 0.2, x=x, C=C, method="alpha-crown")
+    values = spec_values(net, box_samples(x - 0.2, x + 0.2, 1000), C)
+    assert_contains(result.lower, result.upper, values)
+    assert (result.lower >= start.lower - 1e-9).all()

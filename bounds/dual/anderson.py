@@ -36,6 +36,7 @@ plain tensors. The batch is `[B, S]`: problems (boxes) times specifications.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -88,8 +89,12 @@ class Layers:
         return flat.reshape(*lead, -1)
 
     def rows(self, k: int, index: Tensor, chunk: int = 1 << 24) -> Tensor:
-        """The rows `W_k[index]` `[*index.shape, n_{k-1}]` (adjoints of unit vectors, in chunks
-        of about `chunk` elements)."""
+        """The rows `W_k[index]` `[*index.shape, n_{k-1}]` (adjoints of unit vectors, one per
+        distinct neuron of `index`, in chunks of about `chunk` elements)."""
+        if index.numel() > 1:
+            unique, inverse = torch.unique(index, return_inverse=True)
+            if unique.numel() < index.numel():
+                return self.rows(k, unique, chunk)[inverse]
         n, flat = self.width(k), index.reshape(-1)
         n_in = 1
         for d in self.in_shapes[k]:
@@ -171,6 +176,11 @@ class AndersonProblem:
             self.c.to(dtype),
         )  # fmt: skip
 
+    @cached_property
+    def constants(self) -> tuple[_LayerConstants, ...]:
+        """Per hidden layer, the fixed tensors an evaluation reads (computed once)."""
+        return _constants(self)
+
     def ends(self, k: int, rows: Tensor) -> tuple[Tensor, Tensor]:
         """`(W_ij L_ij, W_ij U_ij)` for weight rows `rows` `[B, ..., n_in]` of layer k: each
         input's box end that minimises / maximises `W_ij x_j`."""
@@ -206,11 +216,57 @@ class Cuts(NamedTuple):
 
 class CutTerms(NamedTuple):
     """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
-    `zeta` `[B, S, R]`."""
+    `zeta` `[B, S, R]`. With `support` `[B, S, R, F]` (the inputs a row can be nonzero on, as
+    for a convolution's kernel window; F << n_in), `WI` is `[B, S, R, F]` on those inputs."""
 
     WI: Tensor
     kappa: Tensor
     zeta: Tensor
+    support: Tensor | None = None
+
+
+def _flat_index(support: Tensor) -> Tensor:
+    """`[B, S, R * F]` from `[B, S, R, F]`."""
+    return support.reshape(*support.shape[:2], -1)
+
+
+def cut_matvec(t: CutTerms, x: Tensor) -> Tensor:
+    """`sum_j WI_rj x_j` `[B, S, R]` for `x` `[B, S, n_in]`."""
+    if t.support is None:
+        return torch.einsum("bsri,bsi->bsr", t.WI, x)
+    return (t.WI * torch.gather(x, 2, _flat_index(t.support)).reshape(t.WI.shape)).sum(-1)
+
+
+def cut_adjoint(t: CutTerms, beta: Tensor, n_in: int) -> Tensor:
+    """`sum_r beta_r WI_r` `[B, S, n_in]` for `beta` `[B, S, R]`."""
+    if t.support is None:
+        return torch.einsum("bsr,bsri->bsi", beta, t.WI)
+    out = beta.new_zeros(*beta.shape[:2], n_in)
+    values = (beta.unsqueeze(-1) * t.WI).reshape(*beta.shape[:2], -1)
+    return out.scatter_add(2, _flat_index(t.support), values)
+
+
+def row_support(rows: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """For weight rows `[..., n_in]`: `(support [..., F], values [..., F])`, the positions of
+    each row's nonzeros (F = `width`, default the most any row has; shorter rows padded with
+    position 0 and value 0) and the weights there."""
+    nonzero = rows != 0
+    most = int(nonzero.sum(-1).max()) if rows.numel() else 0
+    if width is not None and width < most:
+        raise ValueError(f"a row has {most} nonzeros, more than width {width}")
+    F = max(1, most) if width is None else width
+    order = torch.argsort((~nonzero).to(torch.int8), dim=-1, stable=True)[..., :F]
+    values = torch.gather(rows, -1, order)
+    return torch.where(values != 0, order, torch.zeros_like(order)), values
+
+
+def _box_at(p: AndersonProblem, k: int, support: Tensor) -> tuple[Tensor, Tensor]:
+    """The input box of layer k at `support` `[B, ..., F]`: `(lower, upper)`, same shape."""
+    B = support.shape[0]
+    at = support.reshape(B, -1)
+    shape = support.shape
+    lo = torch.gather(p.x_lower[k], 1, at).reshape(shape)
+    return lo, torch.gather(p.x_upper[k], 1, at).reshape(shape)
 
 
 def no_cuts(p: AndersonProblem, k: int) -> Cuts:
@@ -224,15 +280,45 @@ def no_cuts(p: AndersonProblem, k: int) -> Cuts:
     )
 
 
-def cut_terms(p: AndersonProblem, k: int, cuts: Cuts) -> CutTerms:
+def cut_terms(
+    p: AndersonProblem, k: int, cuts: Cuts, weights: Tensor | None = None,
+    support: Tensor | None = None,
+) -> CutTerms:  # fmt: skip
     """`kappa_I`, `zeta_I` (module docstring) and the masked weight rows of layer k's cuts, in
-    the problem's dtype (computed from the masks, so a float64 problem gets float64 terms)."""
-    W = p.layers.rows(k, cuts.rows)
-    WL, WU = p.ends(k, W)
-    mask = cuts.mask.to(W.dtype)
-    in_L = (mask * WL).sum(-1)
-    zeta = p.layers.biases[k][cuts.rows] + (WU * (1 - mask)).sum(-1) + in_L
-    return CutTerms(W * mask, -in_L, zeta)
+    the problem's dtype (computed from the masks, so a float64 problem gets float64 terms).
+    `weights` `[B, S, R, n_in]`: the rows `W_k[cuts.rows]` when the caller has them.
+
+    With the input box's centre `m` and half-width `h`, `W_ij L_ij = W_ij m_j - |W_ij| h_j` and
+    `W_ij U_ij = W_ij m_j + |W_ij| h_j`, so `kappa = -(WI m - |WI| h)` and `zeta = b + (W m +
+    |W| h) - 2 |WI| h`: two matrix-vector products over the masked rows, no per-weight
+    select. `support` `[B, S, R, F]` (`row_support`; `weights` then `[B, S, R, F]`, the
+    values there): sparse terms (`CutTerms.support`)."""
+    B, S, R = cuts.rows.shape
+    if support is not None:
+        lo, up = _box_at(p, k, support)
+        mid, half = (lo + up) / 2, (up - lo) / 2
+        mask = torch.gather(cuts.mask, 3, support)
+        W = weights
+        WI = W * mask.to(W.dtype)
+        in_L = (WI * mid).sum(-1) - (WI.abs() * half).sum(-1)
+        top = (W * mid).sum(-1) + (W.abs() * half).sum(-1)
+        zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() * half).sum(-1)
+        return CutTerms(WI, -in_L, zeta, support)
+    lo, up = p.x_lower[k], p.x_upper[k]
+    mid, half = ((lo + up) / 2).reshape(B, 1, -1, 1), ((up - lo) / 2).reshape(B, 1, -1, 1)
+    if weights is None:  # the distinct rows once: their box maxima by one product
+        unique, inverse = torch.unique(cuts.rows, return_inverse=True)
+        Wu = p.layers.rows(k, unique)  # [U, n_in]
+        top = (lo @ Wu.T + up @ Wu.T + (up - lo) @ Wu.abs().T) / 2  # [B, U]
+        top = torch.gather(top, 1, inverse.reshape(B, -1)).reshape(B, S, R)
+        W = Wu[inverse]
+    else:
+        W = weights
+        top = ((W @ mid) + (W.abs() @ half)).squeeze(-1)
+    WI = W * cuts.mask.to(W.dtype)
+    in_L = ((WI @ mid) - (WI.abs() @ half)).squeeze(-1)
+    zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() @ half).squeeze(-1)
+    return CutTerms(WI, -in_L, zeta)
 
 
 class Duals(NamedTuple):
@@ -281,80 +367,163 @@ def evaluate(
     p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
 ) -> tuple[Tensor, Primal]:
     """The dual value `d` `[B, S]` (module docstring) and the Lagrangian's minimiser."""
+    value, x, _ = _evaluate(p, terms, cuts, d, exact_stable=False)
+    return value, x
+
+
+def evaluate_stable(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals
+) -> tuple[Tensor, Primal, Duals]:
+    """`evaluate` with the duals of the stable neurons (`l >= 0`: `x = xh`; `u <= 0`: `x = 0`)
+    not read from `d` but set, in the backward pass, to the ones that pass the coefficient `mu`
+    from above through exactly, as CROWN does (`alpha = [mu]_+`, `beta_l = [-mu]_+`,
+    `beta_u = 0` on `l >= 0`; all 0 on `u <= 0`): then `f = 0` there, and their terms sum to
+    `mu (W x + b)`. Returns the value, the minimiser and the duals used (`d` with those
+    entries replaced: `evaluate` at them gives the same value). Any `d >= 0` gives a valid
+    bound, so this is one; a solver that optimises only the ambiguous neurons' duals uses it."""
+    return _evaluate(p, terms, cuts, d, exact_stable=True)
+
+
+class _LayerConstants(NamedTuple):
+    """Hidden layer k's fixed tensors, `[B, 1, n_k]`: pre-activation bounds, the output box,
+    `b - l`, and the ambiguous (`l < 0 < u`) and passing (`l >= 0`) neurons (as 0 / 1, and
+    passing as bool)."""
+
+    lo: Tensor
+    up: Tensor
+    lb: Tensor
+    ub: Tensor
+    b_lo: Tensor
+    ambiguous: Tensor
+    passing: Tensor
+    passing_bool: Tensor
+
+
+def _constants(p: AndersonProblem) -> tuple[_LayerConstants, ...]:
+    out = []
+    for k in range(p.layers.hidden):
+        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        passing = lo >= 0
+        out.append(_LayerConstants(
+            lo, up, p.x_lower[k + 1].unsqueeze(1), p.x_upper[k + 1].unsqueeze(1),
+            p.layers.biases[k] - lo, ((lo < 0) & (up > 0)).to(lo.dtype), passing.to(lo.dtype),
+            passing,
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def _evaluate(
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], d: Duals,
+    exact_stable: bool,
+) -> tuple[Tensor, Primal, Duals]:  # fmt: skip
     layers, b = p.layers, p.layers.biases
     H = layers.hidden
     value = (p.c * b[H]).sum(-1)
     above = layers.adjoint(H, p.c)  # coefficient of x_{H-1} from the output layer
     xs, zs = [None] * (H + 1), [None] * H
-    for k in range(H - 1, -1, -1):
+    alpha, beta_u, beta_l = list(d.alpha), list(d.beta_u), list(d.beta_l)
+    for k, s in reversed(list(enumerate(p.constants))):
         n = layers.width(k)
-        cut_sum = _scatter(cuts[k].rows, d.beta_cut[k], n)
-        f = above - d.alpha[k] + d.beta_u[k] + d.beta_l[k] + cut_sum
-        box_value, xs[k + 1] = _box_min(f, p.x_lower[k + 1], p.x_upper[k + 1])
-        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
-        g = d.beta_u[k] * up + d.beta_l[k] * lo
-        g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+        with_cuts = cuts[k].rows.shape[2] > 0
+        mu = above + _scatter(cuts[k].rows, d.beta_cut[k], n) if with_cuts else above
+        if exact_stable:  # ambiguous: as given; passing: mu passed through; dead: 0
+            through = mu.clamp_min(0)
+            alpha[k] = s.ambiguous * alpha[k] + s.passing * through
+            beta_l[k] = s.ambiguous * beta_l[k] + s.passing * (through - mu)
+            beta_u[k] = s.ambiguous * beta_u[k]
+        f = mu - alpha[k] + beta_u[k] + beta_l[k]
+        xs[k + 1] = torch.where(f >= 0, s.lb, s.ub)
+        g = beta_u[k] * s.up + beta_l[k] * s.lo
+        if with_cuts:
+            g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+            value = value - (d.beta_cut[k] * terms[k].kappa).sum(-1)
         zs[k] = (g >= 0).to(g.dtype)
-        value = value + box_value - torch.relu(g).sum(-1)
-        value = value + (d.alpha[k] * b[k]).sum(-1)
-        value = (
-            value - (d.beta_l[k] * (b[k] - lo)).sum(-1) - (d.beta_cut[k] * terms[k].kappa).sum(-1)
-        )
-        above = layers.adjoint(k, d.alpha[k] - d.beta_l[k])
-        above = above - torch.einsum("bsr,bsri->bsi", d.beta_cut[k], terms[k].WI)
+        per = f * xs[k + 1] + alpha[k] * b[k] - beta_l[k] * s.b_lo - torch.relu(g)
+        value = value + per.sum(-1)
+        above = layers.adjoint(k, alpha[k] - beta_l[k])
+        if with_cuts:
+            above = above - cut_adjoint(terms[k], d.beta_cut[k], above.shape[-1])
     box_value, xs[0] = _box_min(above, p.x_lower[0], p.x_upper[0])
-    return value + box_value, Primal(tuple(xs), tuple(zs))
+    used = Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), d.beta_cut)
+    return value + box_value, Primal(tuple(xs), tuple(zs)), used
 
 
 def slacks(
-    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], x: Primal
-) -> Duals:
+    p: AndersonProblem, terms: tuple[CutTerms, ...], cuts: tuple[Cuts, ...], x: Primal,
+    exact_stable: bool = False,
+) -> Duals:  # fmt: skip
     """The supergradient of `d` at the point whose minimiser is `x`: each constraint's
-    violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout."""
+    violation there (`xh - x` for `alpha`; `x - rhs` for the betas), in `Duals`' layout.
+
+    `exact_stable` (the minimiser of `evaluate_stable`, where `f = 0` on the neurons with
+    `l >= 0`, so that any `x` in their box minimises the Lagrangian too): those neurons take
+    `x = clamp(xh, lb, ub)` layer by layer, a minimiser whose slacks there are 0 when `xh` is
+    in the box; the stable duals' dependence on the others then adds nothing to the
+    supergradient of the others (the envelope of the exact pass-through)."""
     alpha, beta_u, beta_l, beta_cut = [], [], [], []
-    for k in range(p.layers.hidden):
-        xh = p.layers.forward(k, x.x[k])
+    x_in = x.x[0]
+    for k, s in enumerate(p.constants):
+        xh = p.layers.forward(k, x_in)
         out, z = x.x[k + 1], x.z[k]
-        lo, up = p.pre_lower[k].unsqueeze(1), p.pre_upper[k].unsqueeze(1)
+        if exact_stable:
+            out = torch.where(s.passing_bool, torch.minimum(torch.maximum(xh, s.lb), s.ub), out)
+        lo, up = s.lo, s.up
         alpha.append(xh - out)
         beta_u.append(out - up * z)
         beta_l.append(out - xh + lo * (1 - z))
         t = terms[k]
         rows = cuts[k].rows
-        rhs = torch.einsum("bsri,bsi->bsr", t.WI, x.x[k]) + t.kappa
-        rhs = rhs + t.zeta * torch.gather(z, 2, rows)
-        beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
+        if rows.shape[2]:
+            rhs = cut_matvec(t, x_in) + t.kappa
+            rhs = rhs + t.zeta * torch.gather(z, 2, rows)
+            beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
+        else:
+            beta_cut.append(t.kappa)  # [B, S, 0]
+        x_in = out
     return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), tuple(beta_cut))
 
 
 def most_violated(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
-    chunk: int = 1 << 22,
+    chunk: int = 1 << 22, weights: Tensor | None = None, support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The separation oracle (Anderson et al. 2020, Prop. 3; De Palma et al. 2021, Sec. 3.1)
     for the neurons `index` `[B, R]` of hidden layer k at the point `(x_in [B, S, n_in],
     x_out, z [B, S, n_k])`: the subset `I` with the least right-hand side, `j in I` iff
     `W_ij (L_ij (1 - z) + U_ij z - x_j) >= 0`, and its violation `x - b z - sum_j min(W_ij
     (x_j - L_ij (1 - z)), W_ij U_ij z)`. Returns `(violation [B, S, R], mask [B, S, R, n_in])`,
-    computed in chunks of neurons of about `chunk` elements."""
+    computed in chunks of neurons of about `chunk` elements. `weights` `[B, R, n_in]`: the rows
+    `W_k[index]` when the caller has them (`candidate_rows`). With `support` `[B, R, F]`
+    (`row_support` of the rows; `weights` then their values there, `[B, R, F]`) the work is
+    over each row's support only and `mask` is `[B, S, R, F]`, on the support."""
     B, S = x_out.shape[:2]
     n_in = x_in.shape[-1]
     b = p.layers.biases[k]
-    step = max(1, chunk // max(1, B * S * n_in))
+    width = n_in if support is None else support.shape[-1]
+    step = max(1, chunk // max(1, B * S * width))
     violations, masks = [], []
     for start in range(0, index.shape[1], step):
         idx = index[:, start : start + step]  # [B, r]
-        W = p.layers.rows(k, idx)  # [B, r, n_in]
-        WL, WU = p.ends(k, W)
+        W = p.layers.rows(k, idx) if weights is None else weights[:, start : start + step]
         at = idx.unsqueeze(1).expand(B, S, idx.shape[1])
         zz = torch.gather(z, 2, at).unsqueeze(-1)  # [B, S, r, 1]
-        inside = W.unsqueeze(1) * x_in.unsqueeze(2) - WL.unsqueeze(1) * (1 - zz)
+        if support is None:
+            WL, WU = p.ends(k, W)
+            x = x_in.unsqueeze(2)
+        else:
+            part = support[:, start : start + step]  # [B, r, F]
+            lo, up = _box_at(p, k, part)
+            positive = W > 0
+            WL, WU = W * torch.where(positive, lo, up), W * torch.where(positive, up, lo)
+            flat = part.reshape(B, 1, -1).expand(B, S, -1)
+            x = torch.gather(x_in, 2, flat).reshape(B, S, *part.shape[1:])
+        inside = W.unsqueeze(1) * x - WL.unsqueeze(1) * (1 - zz)
         outside = WU.unsqueeze(1) * zz
         rhs = b[idx].unsqueeze(1) * zz.squeeze(-1) + torch.minimum(inside, outside).sum(-1)
         violations.append(torch.gather(x_out, 2, at) - rhs)
         masks.append(inside <= outside)
     if not violations:
-        return x_out.new_zeros(B, S, 0), torch.zeros(B, S, 0, n_in, dtype=torch.bool)
+        return x_out.new_zeros(B, S, 0), torch.zeros(B, S, 0, width, dtype=torch.bool)
     return torch.cat(violations, 2), torch.cat(masks, 2)
 
 
@@ -377,24 +546,45 @@ def candidates(p: AndersonProblem, k: int) -> Tensor:
     return order[:, :count]
 
 
+def candidate_rows(p: AndersonProblem, k: int, index: Tensor) -> Tensor:
+    """`W_k[index]` `[B, R, n_in]` for the candidates `index` `[B, R]` (`candidates`): fixed
+    for a problem, so a solver computes them once and hands them to the oracle."""
+    return p.layers.rows(k, index)
+
+
 def select_cuts(
     p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
-    restrict: int | None, tolerance: float,
+    restrict: int | None, tolerance: float, weights: Tensor | None = None,
+    support: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """One new cut per ambiguous neuron of layer k (`index`: `candidates(p, k)`) at the
     point, the `restrict` most violated per problem when set: `(rows, mask, active)`, active
     where the cut's violation exceeds both Big-M constraints' by more than `tolerance`
-    (relative to the neuron's pre-activation range)."""
+    (relative to the neuron's pre-activation range). `weights`: `candidate_rows(p, k,
+    index)` when the caller has them (with `support`: their `row_support`)."""
+    rows, mask, active, _ = select_cuts_at(
+        p, k, x_in, x_out, z, index, restrict, tolerance, weights, support
+    )  # fmt: skip
+    return rows, mask, active
+
+
+def select_cuts_at(
+    p: AndersonProblem, k: int, x_in: Tensor, x_out: Tensor, z: Tensor, index: Tensor,
+    restrict: int | None, tolerance: float, weights: Tensor | None = None,
+    support: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """`select_cuts` and the positions `[B, S, R']` of the chosen neurons in `index` (to take
+    their rows from `weights`)."""
     lo, up = p.pre_lower[k], p.pre_upper[k]
     B, S = x_out.shape[:2]
     count = index.shape[1]
     if count == 0:
         empty = torch.zeros(B, S, 0, dtype=torch.long, device=lo.device)
         mask = torch.zeros(B, S, 0, x_in.shape[-1], dtype=torch.bool, device=lo.device)
-        return empty, mask, empty.bool()
+        return empty, mask, empty.bool(), empty
     l, u = torch.gather(lo, 1, index).unsqueeze(1), torch.gather(up, 1, index).unsqueeze(1)
     real = (l < 0) & (u > 0)  # [B, 1, count]: False on the padding
-    violation, mask = most_violated(p, k, x_in, x_out, z, index)
+    violation, mask = most_violated(p, k, x_in, x_out, z, index, weights=weights, support=support)
     at = index.unsqueeze(1).expand(B, S, count)
     xh = torch.gather(p.layers.forward(k, x_in), 2, at)
     zz, xx = torch.gather(z, 2, at), torch.gather(x_out, 2, at)
@@ -405,7 +595,15 @@ def select_cuts(
     top, pick = score.topk(r, dim=-1)
     rows = torch.gather(at, 2, pick)
     picked = torch.gather(mask, 2, pick.unsqueeze(-1).expand(B, S, r, mask.shape[-1]))
-    return rows, picked, top > tolerance
+    if support is not None:  # back to masks over all inputs (pads, weight 0, left out)
+        F = support.shape[-1]
+        where = torch.gather(support, 1, pick.reshape(B, S * r, 1).expand(-1, -1, F))
+        value = torch.gather(weights, 1, pick.reshape(B, S * r, 1).expand(-1, -1, F))
+        where = where.reshape(B, S, r, F)
+        inside = (picked & (value.reshape(B, S, r, F) != 0)).to(torch.uint8)
+        dense = torch.zeros(B, S, r, x_in.shape[-1], dtype=torch.uint8, device=inside.device)
+        picked = dense.scatter_add_(3, where, inside) > 0
+    return rows, picked, top > tolerance, pick
 
 
 def anderson_slopes(p: AndersonProblem, slopes: dict[str, Tensor] | None) -> tuple[Tensor, ...]:
@@ -423,10 +621,38 @@ def anderson_slopes(p: AndersonProblem, slopes: dict[str, Tensor] | None) -> tup
     return tuple(out)
 
 
-def dual_value(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) -> Tensor:
+def layer_support(p: AndersonProblem, k: int, index: Tensor) -> int | None:
+    """The most nonzeros of the rows `W_k[index]` when that is a quarter of the inputs or
+    fewer (a convolution's kernel window: the layer's cuts are best kept sparse), else None."""
+    if index.numel() == 0:
+        return None
+    F = max(1, int((p.layers.rows(k, torch.unique(index)) != 0).sum(-1).max()))
+    return F if p.x_lower[k].shape[-1] >= 4 * F else None
+
+
+def sparse_terms(p: AndersonProblem, k: int, cuts: Cuts, width: int | None = None) -> CutTerms:
+    """`cut_terms` on the rows' supports of `width` (default `layer_support`; sparse
+    `CutTerms`) where the rows are sparse, else dense."""
+    width = layer_support(p, k, cuts.rows) if width is None else width
+    if width is None:
+        return cut_terms(p, k, cuts)
+    B, S, R = cuts.rows.shape
+    if R == 0:
+        empty = cuts.rows.new_zeros(B, S, 0, width)
+        return cut_terms(p, k, cuts, empty.to(p.c.dtype), empty)
+    unique, inverse = torch.unique(cuts.rows, return_inverse=True)
+    support, values = row_support(p.layers.rows(k, unique), width)  # [U, F]
+    return cut_terms(p, k, cuts, values[inverse], support[inverse])
+
+
+def dual_value(
+    p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals, sparse: bool = False
+) -> Tensor:
     """`d` `[B, S]` at the duals `d` for these cuts, their terms computed in the problem's
-    dtype (a float64 problem: the float64 re-evaluation of a solver's duals)."""
-    terms = tuple(cut_terms(p, k, c) for k, c in enumerate(cuts))
+    dtype (a float64 problem: the float64 re-evaluation of a solver's duals); `sparse`: by
+    `sparse_terms` (the same value, less work on convolutions)."""
+    make = sparse_terms if sparse else cut_terms
+    terms = tuple(make(p, k, c) for k, c in enumerate(cuts))
     value, _ = evaluate(p, terms, cuts, d.to(p.c.dtype))
     return value
 
