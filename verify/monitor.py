@@ -38,8 +38,9 @@ in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = cl
 hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
 output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 
-Checksums. Detection also checks, for every monitored `nn.Linear` node, the column-checksum
-invariant `1^T y = (1^T W) x + 1^T b` with a rigorous floating-point tolerance computed from
+Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
+checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
+convolution of an all-ones output; `b` repeated over the output) with a rigorous tolerance from
 the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
 construction), it catches corrupted weights and outputs of the layer and -- recomputing the
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
