@@ -289,17 +289,22 @@ class SumRecorder:
         self.gaps = self.totals = None
 
     def begin(self, batch: int) -> None:
-        if batch not in self._buffers:
-            self._buffers = {batch: torch.empty(2, len(self.checks), batch, **self.kw)}
-        self.gaps, self.totals = self._buffers[batch]
+        if batch not in self._buffers:  # the buffers and their rows, made once per batch size
+            both = torch.empty(2, len(self.checks), batch, **self.kw)
+            self._buffers = {batch: (both[0], both[1], list(both[0]), list(both[1]))}
+        self.gaps, self.totals, self._gap_rows, self._total_rows = self._buffers[batch]
+        self._detach = torch.is_grad_enabled()  # the buffers take no gradient
 
     def record(self, y: Tensor, source: Tensor, j: int) -> None:
-        check, y, source = self.checks[j], y.detach(), source.detach()
+        check = self.checks[j]
+        if self._detach:
+            y, source = y.detach(), source.detach()
         x = torch.relu(source) if check.relu else source
-        x = x.reshape(x.shape[0], -1)  # a flatten, or a convolution's input
-        gap = torch.sum(y.reshape(y.shape[0], -1), 1, out=self.gaps[j])
+        if x.dim() != 2:  # a flatten, or a convolution's input
+            x = x.reshape(x.shape[0], -1)
+        gap = torch.sum(y if y.dim() == 2 else y.flatten(1), 1, out=self._gap_rows[j])
         gap.addmv_(x, self.signs[j], alpha=-1)  # 1^T y - c^T x
-        torch.mv(x.abs() if check.absolute else x, self.sizes[j], out=self.totals[j])
+        torch.mv(x.abs() if check.absolute else x, self.sizes[j], out=self._total_rows[j])
 
     def _window(self) -> tuple[Tensor, Tensor]:
         return (torch.addcmul(self.low, self.totals, self.k1, value=-1),
