@@ -38,8 +38,9 @@ in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = cl
 hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
 output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 
-Checksums. Detection also checks, for every monitored `nn.Linear` node, the column-checksum
-invariant `1^T y = (1^T W) x + 1^T b` with a rigorous floating-point tolerance computed from
+Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
+checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
+convolution of an all-ones output; `b` repeated over the output) with a rigorous tolerance from
 the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
 construction), it catches corrupted weights and outputs of the layer and -- recomputing the
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
@@ -81,6 +82,7 @@ from verify.monitor_check import (
     matched_nodes,
     shared_trace,
 )
+from verify.monitor_compiled import CompiledMonitoredNet, check_graph
 from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
 from verify.monitor_sums import sum_checks
 from verify.region import input_box
@@ -284,7 +286,8 @@ class Monitor:
         ranges: dict[str, tuple[Any, Any]] | None = None,
         keep_values: bool = False,
         checksums: bool = True,
-    ) -> MonitoredNet:
+        compile: bool = False,
+    ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
         `action`: "detect" (per-sample, per-node flags in `.report`), "clip" (each node
@@ -293,8 +296,12 @@ class Monitor:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
         `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
         `checksums`: detection also checks the checksum invariant of every checked linear
-        layer (`verify.monitor_sums`; a failure flags the layer's node)."""
+        layer (`verify.monitor_sums`; a failure flags the layer's node). `compile`: detection
+        through `torch.compile` (`verify.monitor_compiled`; "detect" only, no kept values;
+        the eager wrapper serves the calls the compiled graph would not see alike)."""
         _choice(action, ACTIONS, "action")
+        if compile and (action != "detect" or keep_values):
+            raise MonitorOptionError("compile=True supports action='detect' without keep_values")
         names = self.select(nodes)
         self.admit(net)
         like = next(iter([*net.parameters(), *net.buffers()]), torch.zeros(()))
@@ -307,7 +314,12 @@ class Monitor:
         shapes = [self.graph[n].shape for n in names]
         sums = [self.sums[n] for n in names if n in self.sums] if checksums else []
         checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums)
-        return MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
+        eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
+        if not compile:
+            return eager
+        shared = all(r[0].shape[0] == 1 for r in chosen)
+        graph = check_graph(shared_trace(net), names, chosen, sums, like, shared)
+        return CompiledMonitoredNet(eager, graph, 1 if shared else self.regions)
 
     def check(
         self, net: nn.Module, x: Tensor, *, region: Any = None, nodes: str = "affine"
@@ -395,6 +407,7 @@ def monitor(
 __all__ = [
     "Ball",
     "Box",
+    "CompiledMonitoredNet",
     "Monitor",
     "MonitorMismatchError",
     "MonitorOptionError",

@@ -200,7 +200,7 @@ class _Checker:
             else:  # the first pass only records (clipping changes nothing if all is inside)
                 self.block_min.fill_(float("inf"))
                 self.block_max.fill_(-float("inf"))
-        self.rerun = False
+        self.rerun, self.grad = False, torch.is_grad_enabled()
         if self.detect and self.sums is not None:
             self.sums.begin(batch)
 
@@ -213,12 +213,12 @@ class _Checker:
         """Detection of node `k`."""
         mode = self.mode
         if mode == "shared":
-            flat = x.detach()  # the buffers take no gradient
+            flat = x.detach() if self.grad else x  # the buffers take no gradient
             torch.amin(flat, 0, out=self.min_views[k])
             torch.amax(flat, 0, out=self.max_views[k])
             self.raw[k] = x.clone() if self.hazard[k] else x
         elif mode == "sample":  # per-region extremes over the batch (NaN propagates)
-            flat = x.detach().reshape(x.shape[0], -1)
+            flat = (x.detach() if self.grad else x).reshape(x.shape[0], -1)
             index = self.region[:, None].expand_as(flat)
             self.region_min[k].scatter_reduce_(0, index, flat, "amin")
             self.region_max[k].scatter_reduce_(0, index, flat, "amax")
@@ -289,8 +289,8 @@ class _Checker:
 
     def _clean(self, output: Tensor) -> MonitorReport:
         batch, count = self.batch, len(self.names)
-        flags = torch.zeros(batch, count, dtype=torch.bool, device=output.device)
-        flagged = torch.zeros(batch, dtype=torch.bool, device=output.device)
+        zeros = torch.zeros(batch * (count + 1), dtype=torch.bool, device=output.device)
+        flagged, flags = zeros[:batch], zeros[batch:].view(batch, count)  # one allocation
         return MonitorReport(flagged, [None] * batch, flags, self.names, output, self.values)
 
     def _add_sums(self, flags: Tensor) -> Tensor:
@@ -421,7 +421,8 @@ class MonitoredNet(nn.Module):
         return y, report
 
     def forward(self, x: Tensor, region: Any = None) -> Tensor:
-        y, self.report = self.run(x, region)
+        y, report = self.run(x, region)
+        object.__setattr__(self, "report", report)  # a plain attribute: no Module.__setattr__
         return y
 
     def _region(self, region: Any, x: Tensor) -> Tensor | None:
