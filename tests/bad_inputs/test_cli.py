@@ -182,7 +182,10 @@ def test_limit_counts_valid_rows(files, capsys):
 
 
 SLOW_RUN_ALL = """
-import sys, time
+import signal, sys, time
+# Ctrl-C as at a terminal, even when the tests were started in the background (a shell starts
+# background jobs with SIGINT ignored, and the child would inherit that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import verify.verifier as verifier
 from verify.bab.common import RegionOutcome
 
