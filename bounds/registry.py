@@ -152,6 +152,15 @@ def _start(graph, box, C, net, c, config, given, deadline=None):
     return problem, intervals, initial_duals(problem, slopes), floor
 
 
+def _floored(graph, C, intervals, result, floor) -> MethodResult:
+    """A dual solver's result as a method's: its bound never below `floor` (its start) nor the
+    output's interval bound, and its duals in the stats."""
+    best = torch.maximum(result.lower, floor)
+    best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
+    lower, upper = split_output(best)
+    return lower, upper, intervals, {**result.stats, "duals": result.duals}
+
+
 def _decomposition(solve_fn):
     """A Lagrangian-decomposition method: intermediate bounds, start duals (CROWN's or
     alpha-CROWN's), then `solve_fn`. The result is never below its start (nor the output's
@@ -163,10 +172,7 @@ def _decomposition(solve_fn):
         net = decompose(graph)
         problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
         result = solve_fn(problem, config, init, budget, deadline)
-        best = torch.maximum(result.lower, start)
-        best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
-        lower, upper = split_output(best)
-        return lower, upper, intervals, {**result.stats, "duals": result.duals}
+        return _floored(graph, C, intervals, result, start)
 
     return run
 
@@ -192,10 +198,7 @@ def _anderson(solve_fn):
         problem = problem_from_graph(graph, box, intervals, c, layers)
         init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
         result = solve_fn(problem, config, init, budget, deadline)
-        best = torch.maximum(result.lower, floor)
-        best = torch.maximum(best, interval_bound(C, intervals[graph.output.name]))
-        lower, upper = split_output(best)
-        return lower, upper, intervals, {**result.stats, "duals": result.duals}
+        return _floored(graph, C, intervals, result, floor)
 
     return run
 

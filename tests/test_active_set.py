@@ -175,24 +175,33 @@ def test_a_warm_start_from_a_converged_point_returns_that_point():
     assert (more.lower >= first.lower - 1e-12).all()
 
 
+ZOO_OPTIONS = {  # per Anderson method: the options of the zoo soundness tests
+    "big-m": {"iterations": 120, "big_m_iterations": 30, "cut_frequency": 30},
+    "active-set": {"iterations": 120, "big_m_iterations": 30, "cut_frequency": 30},
+    "sp-fw": {"iterations": 150, "big_m_iterations": 30},
+}
+FLOAT32_OPTIONS = {"active-set": {"iterations": 100},
+                   "sp-fw": {"iterations": 100, "big_m_iterations": 20}}  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["linear", "mlp", "deep_mlp", "conv", "normalised"])
-@pytest.mark.parametrize("method", ["big-m", "active-set"])
+@pytest.mark.parametrize("method", list(ZOO_OPTIONS))
 def test_the_methods_contain_sampled_outputs_on_zoo_nets(name, method):
     net, shape = make(name)
     x = torch.rand(2, *shape, dtype=torch.float64)
     C = torch.randn(2, 3, net(x).shape[-1], dtype=torch.float64)
-    opts = {"iterations": 120, "big_m_iterations": 30, "cut_frequency": 30}
-    result = verify.bounds(net, 0.1, x=x, C=C, method=method, **opts)
+    result = verify.bounds(net, 0.1, x=x, C=C, method=method, **ZOO_OPTIONS[method])
     start = verify.bounds(net, 0.1, x=x, C=C, method="alpha-crown")
     values = spec_values(net, box_samples(x - 0.1, x + 0.1, 500), C)
     assert_contains(result.lower, result.upper, values)
     assert (result.lower >= start.lower - 1e-9).all()  # never below its alpha-CROWN start
 
 
-def test_float32_nets_are_bounded_soundly():
+@pytest.mark.parametrize("method", list(FLOAT32_OPTIONS))
+def test_float32_nets_are_bounded_soundly(method):
     net, shape = make("deep_mlp", dtype=torch.float32)
     x = torch.rand(4, *shape)
-    result = verify.bounds(net, 0.2, x=x, method="active-set", iterations=100)
+    result = verify.bounds(net, 0.2, x=x, method=method, **FLOAT32_OPTIONS[method])
     values = spec_values(net, box_samples(x - 0.2, x + 0.2, 1000), torch.eye(2).expand(4, 2, 2))
     assert_contains(result.lower, result.upper, values, tol=1e-5)
 
@@ -246,7 +255,7 @@ def test_affine_nets_get_their_exact_bounds():
     net, shape = make("linear")
     x = torch.rand(2, *shape, dtype=torch.float64)
     exact = verify.bounds(net, 0.1, x=x, method="crown")
-    for method in ("big-m", "active-set"):
+    for method in ZOO_OPTIONS:
         result = verify.bounds(net, 0.1, x=x, method=method)
         torch.testing.assert_close(result.lower, exact.lower, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)

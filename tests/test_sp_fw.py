@@ -1,7 +1,9 @@
 """Saddle-point Frank-Wolfe on the Anderson relaxation (`bounds.dual.sp_fw`): the dual value
 from the betas' sums against `dual_value`, the dual LMO against brute force over every subset,
 the exact references (Big-M start, all-cuts LP, Planet LP), the float64 re-check, and the
-method through `verify.bounds` (sampled points, budget, typed refusals)."""
+method through `verify.bounds` (budget, typed refusals). Zoo soundness on sampled points,
+float32 nets and exact affine bounds are tested with the other Anderson methods in
+`tests/test_active_set.py`."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from bounds.dual.anderson import Cuts, Duals, dual_value, no_cuts
 from bounds.dual.sp_fw import SpFwConfig, statistics_from_duals, statistics_value
 from bounds.errors import UnsupportedOperationError
 from tests.model_zoo import make
-from tests.soundness import assert_contains, box_samples, spec_values
 from tests.test_active_set import _problem, _tiny
 
 pytest.importorskip("cvxpy")
@@ -159,36 +160,6 @@ def test_the_float64_recheck_is_the_value_at_the_returned_sums():
     # linear memory: the sums are [B, S, n] per layer, no tensor per constraint
     widths = {p.layers.width(k) for k in range(p.layers.hidden)} | {box.lower.shape[-1]}
     assert all(t.dim() == 3 and t.shape[-1] in widths for t in result.duals.flat())
-
-
-@pytest.mark.parametrize("name", ["mlp", "conv", "normalised"])
-def test_sp_fw_contains_sampled_outputs_on_zoo_nets(name):
-    net, shape = make(name)
-    x = torch.rand(2, *shape, dtype=torch.float64)
-    C = torch.randn(2, 3, net(x).shape[-1], dtype=torch.float64)
-    opts = {"iterations": 150, "big_m_iterations": 30}
-    result = verify.bounds(net, 0.1, x=x, C=C, method="sp-fw", **opts)
-    start = verify.bounds(net, 0.1, x=x, C=C, method="alpha-crown")
-    values = spec_values(net, box_samples(x - 0.1, x + 0.1, 500), C)
-    assert_contains(result.lower, result.upper, values)
-    assert (result.lower >= start.lower - 1e-9).all()  # never below its alpha-CROWN start
-
-
-def test_float32_nets_are_bounded_soundly():
-    net, shape = make("deep_mlp", dtype=torch.float32)
-    x = torch.rand(4, *shape)
-    result = verify.bounds(net, 0.2, x=x, method="sp-fw", iterations=100, big_m_iterations=20)
-    values = spec_values(net, box_samples(x - 0.2, x + 0.2, 1000), torch.eye(2).expand(4, 2, 2))
-    assert_contains(result.lower, result.upper, values, tol=1e-5)
-
-
-def test_affine_nets_get_their_exact_bounds():
-    net, shape = make("linear")
-    x = torch.rand(2, *shape, dtype=torch.float64)
-    exact = verify.bounds(net, 0.1, x=x, method="crown")
-    result = verify.bounds(net, 0.1, x=x, method="sp-fw")
-    torch.testing.assert_close(result.lower, exact.lower, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)
 
 
 def test_the_seconds_budget_holds():
