@@ -13,8 +13,9 @@ with bound and seconds. Every method but the LP bounds `C` and `-C` (both halves
 Planet LP (by more than 1e-4 (1 + |LP|)) on >= 80% of the specs, at <= alpha-crown-200's time.
 
 Part `proven` (issue 13): instances proven by bounds alone, alpha-crown vs active-set (both
-with alpha-CROWN intermediate bounds), on ACAS Xu, mnist_fc and OVAL cifar_base around test
-images (eps 2/255).
+with alpha-CROWN intermediate bounds) vs active-set with the Anderson relaxation's intermediate
+bounds (`intermediate='active-set'`, from alpha-CROWN's), on ACAS Xu, mnist_fc and OVAL
+cifar_base around test images (eps 2/255).
 
 Usage: python benchmarks/beyond_planet.py [--part final|proven|both] [--quick] [--threads 1]
 """
@@ -241,55 +242,79 @@ def final_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def proven_instances(quick: bool, images: int):
+def proven_instances(quick: bool, images: int, suites: tuple[str, ...] = ()):
     """(suite, id, net, problems) with `problems` as `vnnlib_problems` gives them."""
     step = 6 if quick else 1
     for bench in ("acasxu", "mnist_fc"):
+        if suites and bench not in suites:
+            continue
         for net_path, prop in vnncomp_instances(bench)[::step]:
             net = verify.load_onnx(net_path)
             yield bench, f"{net_path.name}:{prop.name}", net, vnnlib_problems(net, prop)
+    if suites and "oval_base" not in suites:
+        return
     images, labels = cifar_images(min(images, 10) if quick else images)
     net = verify.load_onnx(OVAL / "cifar_base_kw.onnx.gz")
     for i in range(images.shape[0]):
         yield "oval_base", f"img{i}", net, [cifar_problem(images[i], int(labels[i]), 2 / 255)]
 
 
-def _proven(net, problems, method: str, options: dict) -> tuple[bool, float]:
+def _proven(net, problems, method: str, options: dict) -> tuple[float, float]:
+    """The instance's margin by `method` (> 0: proven; the smallest over its regions) and the
+    seconds it took, end to end."""
     start = time.perf_counter()
     margins = []
     for lower, upper, C, b, owner, n_poly in problems:
         result = verify.bounds(net, lower=lower, upper=upper, C=C, method=method, **options)
         margins.append(region_margin(result.lower, b, owner, n_poly))
-    return min(margins) > 0, time.perf_counter() - start
+    return min(margins), time.perf_counter() - start
 
 
-def part_proven(quick: bool, config: active_set.ActiveSetConfig, images: int) -> list[dict]:
+PROVEN_METHODS = ("alpha-crown", "active-set", "active-set-ai")
+
+
+def part_proven(
+    quick: bool, config: active_set.ActiveSetConfig, images: int, suites: tuple[str, ...] = (),
+    intermediate_iterations: int = 60, save=None,
+) -> list[dict]:  # fmt: skip
+    """Per instance, proven by bounds alone (margin > 0) by alpha-crown, by active-set with
+    alpha-CROWN's intermediate bounds, and by active-set with the Anderson relaxation's
+    intermediate bounds (`intermediate='active-set'`, `intermediate_iterations` per layer,
+    from alpha-CROWN's). `save(rows)` after every instance."""
     rows = []
-    options = {
-        "alpha-crown": {},
-        "active-set": {
-            "iterations": config.iterations, "big_m_iterations": config.big_m_iterations,
-            "cut_frequency": config.cut_frequency, "max_cuts": config.max_cuts,
-        },
+    anderson = {
+        "iterations": config.iterations, "big_m_iterations": config.big_m_iterations,
+        "cut_frequency": config.cut_frequency, "max_cuts": config.max_cuts,
     }  # fmt: skip
-    for suite, ident, net, problems in proven_instances(quick, images):
+    runs = {
+        "alpha-crown": ("alpha-crown", {}),
+        "active-set": ("active-set", anderson),
+        "active-set-ai": ("active-set", {**anderson, "intermediate": "active-set",
+                                         "intermediate_iterations": intermediate_iterations}),
+    }  # fmt: skip
+    for suite, ident, net, problems in proven_instances(quick, images, suites):
         row = {"suite": suite, "id": ident}
-        for method, opts in options.items():
-            row[method], row[method + "_seconds"] = _proven(net, problems, method, opts)
+        for label, (method, opts) in runs.items():
+            margin, seconds = _proven(net, problems, method, opts)
+            row[label], row[label + "_margin"], row[label + "_seconds"] = margin > 0, margin, seconds
         rows.append(row)
-        print(f"{suite:10s} {ident:50s} alpha {row['alpha-crown']!s:5s} AS {row['active-set']}",
-              flush=True)  # fmt: skip
+        if save is not None:
+            save(rows)
+        print(f"{suite:10s} {ident:50s} " + " ".join(
+            f"{m} {row[m + '_margin']:.4g} ({row[m + '_seconds']:.1f}s)" for m in runs
+        ), flush=True)  # fmt: skip
     return rows
 
 
 def proven_table(rows: list[dict]) -> str:
-    lines = ["| suite | instances | alpha-crown proven / s | active-set proven / s |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = ["| suite | instances | alpha-crown proven / s | active-set proven / s "
+             "| active-set, Anderson intermediate bounds, proven / s |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for suite in sorted({r["suite"] for r in rows}, key=[r["suite"] for r in rows].index):
         chosen = [r for r in rows if r["suite"] == suite]
         cells = [
             f"{sum(r[m] for r in chosen)} / {sum(r[m + '_seconds'] for r in chosen):.1f}"
-            for m in ("alpha-crown", "active-set")
+            for m in PROVEN_METHODS
         ]
         lines.append(f"| {suite} | {len(chosen)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -313,7 +338,15 @@ def main() -> None:
     )
     parser.add_argument("--tag", default="")
     parser.add_argument("--images", type=int, default=100, help="OVAL test images (proven)")
-    parser.add_argument("--suites", nargs="*", default=[], help="final part: these suites only")
+    parser.add_argument(
+        "--suites", nargs="*", default=[],
+        help="these suites only (final: mnist_256x2 ... oval_cifar_deep_kw; proven: acasxu, "
+        "mnist_fc, oval_base)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--intermediate-iterations", type=int, default=60,
+        help="proven part: active-set iterations per layer for the Anderson intermediate bounds",
+    )  # fmt: skip
     parser.add_argument(
         "--lp-limit", type=float, default=600.0, help="seconds per LP solve (0: no LP)"
     )
@@ -349,7 +382,13 @@ def main() -> None:
         out += ["## Final-layer bounds, identical (CROWN) intermediate bounds\n", table, ""]
         payload["final"] = rows
     if args.part in ("proven", "both"):
-        rows = part_proven(args.quick, config, args.images)
+        def save_proven(rows):
+            write_json(f"beyond_planet{suffix}.json", {**payload, "proven": rows})
+
+        rows = part_proven(
+            args.quick, config, args.images, tuple(args.suites), args.intermediate_iterations,
+            save_proven,
+        )  # fmt: skip
         table = proven_table(rows)
         print(table)
         out += ["## Instances proven by bounds alone\n", table, ""]

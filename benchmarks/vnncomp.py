@@ -44,7 +44,7 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 def run(
     bench: str, scale: float, limit: int | None, method: str | None, splitting: str, tag: str = "",
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
-    hard_stall: int = 0,
+    hard_stall: int = 0, root_bounds: str = "alpha-crown",
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
@@ -53,7 +53,7 @@ def run(
         "--out", str(RESULTS / f"{name}.csv"), "--timeout-scale", str(scale),
         "--splitting", splitting, "--prox-sweeps", str(prox_sweeps),
         "--hard-bounder", hard_bounder, "--hard-stall", str(hard_stall), "--device", "cpu",
-        "--threads", "1",
+        "--threads", "1", "--root-bounds", root_bounds,
     ]  # fmt: skip
     if method is not None:
         argv += ["--method", method]
@@ -70,6 +70,7 @@ def run(
         "prox_sweeps": prox_sweeps,
         "hard_bounder": hard_bounder,
         "hard_stall": hard_stall,
+        "root_bounds": root_bounds,
         "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -105,6 +106,9 @@ def main() -> None:
         help="the bounder of --prox-sweeps (see python -m verify run -h)",
     )  # fmt: skip
     parser.add_argument("--hard-stall", type=int, default=0, help="see python -m verify run -h")
+    parser.add_argument(
+        "--root-bounds", default="alpha-crown", help="see python -m verify run -h"
+    )  # fmt: skip
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
@@ -114,6 +118,7 @@ def main() -> None:
         payload = run(
             bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
             args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
+            args.root_bounds,
         )  # fmt: skip
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])

@@ -261,8 +261,11 @@ def test_affine_nets_get_their_exact_bounds():
         torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["active-set", "sp-fw"])
-def test_anderson_intermediate_bounds_contain_the_network_and_tighten_crowns(kind):
+@pytest.mark.parametrize("kind, anderson", [("active-set", True), ("sp-fw", True), ("prox", False)])
+def test_dual_intermediate_bounds_contain_the_network_and_tighten_alpha_crowns(kind, anderson):
+    """The dual solvers' intermediate bounds start from alpha-CROWN's: inside them (and
+    CROWN's) and around every sampled pre-activation; the Anderson relaxation's are strictly
+    tighter somewhere (prox's relaxation is Planet's, whose optimum alpha-CROWN can reach)."""
     from bounds.dual.intermediate import intermediate_intervals
 
     net, shape = make("deep_mlp")
@@ -271,6 +274,7 @@ def test_anderson_intermediate_bounds_contain_the_network_and_tighten_crowns(kin
     box = Interval(x - 0.3, x + 0.3)
     C = torch.eye(2, dtype=torch.float64).expand(2, 2, 2)
     crown_iv = crown_intervals(graph, box)
+    alpha_iv = intermediate_intervals(graph, box, C, "alpha-crown")
     tight = intermediate_intervals(graph, box, C, kind, iterations=60)
     points = box_samples(box.lower, box.upper, 2000)
     values = graph.forward(points.flatten(0, 1), all_values=True)
@@ -279,10 +283,13 @@ def test_anderson_intermediate_bounds_contain_the_network_and_tighten_crowns(kin
         v = values[name].reshape(2, -1, *tight[name].lower.shape[1:])
         assert (v >= tight[name].lower.unsqueeze(1) - 1e-9).all(), name
         assert (v <= tight[name].upper.unsqueeze(1) + 1e-9).all(), name
-        assert (tight[name].lower >= crown_iv[name].lower - 1e-12).all()
-        assert (tight[name].upper <= crown_iv[name].upper + 1e-12).all()
-        gained |= bool((tight[name].lower > crown_iv[name].lower + 1e-6).any())
-    assert gained
+        for base in (crown_iv, alpha_iv):
+            assert (tight[name].lower >= base[name].lower - 1e-12).all(), name
+            assert (tight[name].upper <= base[name].upper + 1e-12).all(), name
+        gained |= bool((tight[name].lower > alpha_iv[name].lower + 1e-6).any())
+    assert gained or not anderson
+    with pytest.raises(ValueError, match="start must be"):
+        intermediate_intervals(graph, box, C, kind, iterations=1, start="ibp")
 
 
 def _small_conv():

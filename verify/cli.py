@@ -38,6 +38,7 @@ from bounds.errors import VerificationInputError
 from bounds.registry import available_methods
 from verify import faults_cli
 from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
+from verify.bab.config import DUAL_ROOT_INTERMEDIATE
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib import load_vnnlib
 from verify.property import VnnlibProperty
@@ -136,6 +137,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         f"open domain; default {ReluSplitConfig.hard_stall})",
     )
     parser.add_argument(
+        "--root-bounds",
+        choices=("alpha-crown", *DUAL_ROOT_INTERMEDIATE),
+        default=ReluSplitConfig.root_intermediate,
+        help="ReLU splitting: after alpha-CROWN, tighten the root's intermediate bounds by this "
+        "dual solver (active-set, sp-fw: the Anderson relaxation, tighter than Planet; prox: "
+        f"Planet's), within half the time left (default {ReluSplitConfig.root_intermediate}: no "
+        "further stage)",
+    )
+    parser.add_argument(
         "--workers",
         type=count_option(1),
         help="worker processes on a Ray cluster (default 1: this process, no Ray); run-all "
@@ -197,7 +207,9 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     sweeps = getattr(args, "prox_sweeps", ReluSplitConfig.prox_iterations)
     bounder = getattr(args, "hard_bounder", ReluSplitConfig.hard_bounder)
     stall = getattr(args, "hard_stall", ReluSplitConfig.hard_stall)
-    relu = ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder, hard_stall=stall)
+    root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
+    relu = ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder, hard_stall=stall,
+                           root_intermediate=root)  # fmt: skip
     return BabConfig(relu=relu)
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bounds.dual.intermediate import intermediate_intervals
 from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph, build_graph
@@ -63,7 +64,7 @@ from verify.bab.common import (
     outward_box,
     rounded_down,
 )
-from verify.bab.config import ReluSplitConfig
+from verify.bab.config import DUAL_ROOT_INTERMEDIATE, ReluSplitConfig
 from verify.bab.protocols import Children
 from verify.bab.relu_branching import (
     Layout,
@@ -169,6 +170,9 @@ class ReluBounder:
         ):
             lower, alpha, points, best = self._root_bound(alpha)
             found = try_points(points)
+        if found is None and not self._excluded(lower).all() and self._dual_tighten():
+            lower, alpha, points, best = self._root_bound(alpha)
+            found = try_points(points)
         rows = t.rows_of  # [P, r]: one root domain per polytope
         n = len(rows)
         splits = torch.zeros(n, t.layout.total, dtype=torch.int8, device=t.device)
@@ -236,6 +240,36 @@ class ReluBounder:
         new = flat_intervals(tightened, t.layout)
         lower = torch.maximum(self.base64.lower, new.lower)
         self.set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
+        return True
+
+    def _dual_tighten(self) -> bool:
+        """Tighten the root's intermediate bounds further by the dual solver
+        `settings.root_intermediate` (`bounds.dual.intermediate`: the Anderson relaxation's
+        `active-set` or `sp-fw`, or `prox`), layer by layer from the current ones, with
+        `root_intermediate_iterations` per layer, in float64 when rechecking, within
+        `root_share` of the time left (the layers left keep their bounds). Every domain of the
+        search inherits them. False when off (`alpha-crown`) or when the solver cannot take
+        the graph."""
+        t, settings = self.t, self.settings
+        kind = settings.root_intermediate
+        if kind not in DUAL_ROOT_INTERMEDIATE or settings.root_intermediate_iterations == 0:
+            return False
+        left = t.deadline - time.monotonic()
+        deadline = None if left == float("inf") else time.monotonic() + settings.root_share * left
+        zero = torch.zeros(1, t.layout.total, dtype=torch.int8, device=t.device)
+        given = self.intervals(zero, self.base64)
+        tick = time.perf_counter()
+        try:
+            tightened = intermediate_intervals(
+                t.check.graph, t.box64, t.check.spec.C.unsqueeze(0), kind,
+                settings.root_intermediate_iterations, given, deadline, start="crown",
+            )  # fmt: skip
+        except UnsupportedOperationError:
+            return False
+        new = flat_intervals(tightened, t.layout)
+        lower = torch.maximum(self.base64.lower, new.lower)
+        self.set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
+        t.stats["root_dual_seconds"] = time.perf_counter() - tick
         return True
 
     # ----- bounding -----

@@ -60,6 +60,7 @@ class Settings:
     threads: int
     hard_bounder: str = "prox"
     hard_stall: int = 0
+    root_bounds: str = "alpha-crown"
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ def solve_job(job: Job, settings: Settings) -> Answer:
     options = SimpleNamespace(method=settings.method, splitting=settings.splitting,
                               prox_sweeps=settings.prox_sweeps,
                               hard_bounder=settings.hard_bounder,
-                              hard_stall=settings.hard_stall)  # fmt: skip
+                              hard_stall=settings.hard_stall,
+                              root_bounds=settings.root_bounds)  # fmt: skip
     config = cli.bab_config(options)
     try:
         net = cached_network(job.network, settings.device)
@@ -144,8 +146,10 @@ def warm() -> int:
 def settings_of(args: argparse.Namespace) -> Settings:
     bounder = getattr(args, "hard_bounder", "prox")
     stall = getattr(args, "hard_stall", 0)
+    root = getattr(args, "root_bounds", "alpha-crown")
     return Settings(
-        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall
+        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall,
+        root,
     )
 
 
