@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cactus import plot
 from benchmarks.common import DATA, RESULTS, write_json
-from verify.bab import SPLITTINGS
+from verify.bab import SPLITTINGS, ReluSplitConfig
 from verify.cli import build_parser, run_all, summary
 
 # ACAS Xu instances violated in VNN-COMP 2022 that are known independently of our tool
@@ -44,7 +44,7 @@ def contradictions(bench: str, rows: list[dict]) -> list[dict]:
 def run(
     bench: str, scale: float, limit: int | None, method: str | None, splitting: str, tag: str = "",
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
-    hard_stall: int = 0, root_bounds: str = "alpha-crown",
+    hard_stall: int = 0, root_bounds: str = ReluSplitConfig.root_intermediate,
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
@@ -107,7 +107,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--hard-stall", type=int, default=0, help="see python -m verify run -h")
     parser.add_argument(
-        "--root-bounds", default="alpha-crown", help="see python -m verify run -h"
+        "--root-bounds", default=ReluSplitConfig.root_intermediate,
+        help="see python -m verify run -h"
     )  # fmt: skip
     args = parser.parse_args()
     if not DATA.is_dir():

@@ -30,7 +30,7 @@ def test_the_anderson_root_bounds_are_sound_and_tighter_than_alpha_crowns():
     pre-activation (in float64), and the root margin does not drop."""
     net = mlp([4, 24, 24, 24, 2], 7)
     region = Region(-np.ones(4), np.ones(4), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
-    plain, base, roots = _root_base(ReluSplitConfig(), net, region)
+    plain, base, roots = _root_base(ReluSplitConfig(root_intermediate="alpha-crown"), net, region)
     runner, tight, tight_roots = _root_base(ANDERSON_ROOT, net, region)
     assert "root_dual_seconds" in runner.target.stats
     assert (tight.lower >= base.lower).all() and (tight.upper <= base.upper).all()
@@ -68,8 +68,10 @@ def test_the_cli_passes_the_root_bounds_to_the_search():
         ["run", "n.onnx", "p.vnnlib", "--timeout", "1", "--root-bounds", "active-set"]
     )
     assert bab_config(args).relu.root_intermediate == "active-set"
-    assert bab_config(build_parser().parse_args(["run", "n", "p", "--timeout", "1"])).relu == (
-        ReluSplitConfig()
-    )
+    default = bab_config(build_parser().parse_args(["run", "n", "p", "--timeout", "1"])).relu
+    assert default == ReluSplitConfig() and default.root_intermediate == "active-set"
+    args = build_parser().parse_args(["run", "n", "p", "--timeout", "1", "--root-bounds",
+                                      "alpha-crown"])  # fmt: skip
+    assert bab_config(args).relu.root_intermediate == "alpha-crown"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "n", "p", "--timeout", "1", "--root-bounds", "lp"])

@@ -205,9 +205,9 @@ def test_float64_networks_need_no_recheck(splitting, monkeypatch):
 
 def test_relu_root_intervals_are_the_float64_ones_rounded_outwards():
     """The search's root intervals (float32) contain the float64 CROWN intervals (here without
-    the alpha-CROWN tightening)."""
+    the alpha-CROWN and Anderson tightenings)."""
     net, prop = milp_unsat(0)
-    no_tightening = ReluSplitConfig(intermediate_iterations=0)
+    no_tightening = ReluSplitConfig(intermediate_iterations=0, root_intermediate="alpha-crown")
     runner = ReluBab(net, prop.regions[0], BabConfig(splitting="relu", relu=no_tightening))
     runner.begin()
     easy = runner.bounder.easy

@@ -142,8 +142,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=ReluSplitConfig.root_intermediate,
         help="ReLU splitting: after alpha-CROWN, tighten the root's intermediate bounds by this "
         "dual solver (active-set, sp-fw: the Anderson relaxation, tighter than Planet; prox: "
-        f"Planet's), within half the time left (default {ReluSplitConfig.root_intermediate}: no "
-        "further stage)",
+        f"Planet's), within half the time left; alpha-crown: no further stage (default "
+        f"{ReluSplitConfig.root_intermediate})",
     )
     parser.add_argument(
         "--workers",

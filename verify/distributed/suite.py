@@ -34,6 +34,7 @@ import torch
 
 from bounds.errors import VerificationInputError
 from verify import cli
+from verify.bab import ReluSplitConfig
 from verify.distributed import cluster
 from verify.distributed.progress import Progress
 from verify.distributed.searches import warm_up
@@ -60,7 +61,7 @@ class Settings:
     threads: int
     hard_bounder: str = "prox"
     hard_stall: int = 0
-    root_bounds: str = "alpha-crown"
+    root_bounds: str = ReluSplitConfig.root_intermediate
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def warm() -> int:
 def settings_of(args: argparse.Namespace) -> Settings:
     bounder = getattr(args, "hard_bounder", "prox")
     stall = getattr(args, "hard_stall", 0)
-    root = getattr(args, "root_bounds", "alpha-crown")
+    root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
     return Settings(
         args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall,
         root,
