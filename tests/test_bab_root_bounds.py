@@ -30,7 +30,7 @@ def test_the_anderson_root_bounds_are_sound_and_tighter_than_alpha_crowns():
     pre-activation (in float64), and the root margin does not drop."""
     net = mlp([4, 24, 24, 24, 2], 7)
     region = Region(-np.ones(4), np.ones(4), (Polytope(np.array([[1.0, -1.0]]), np.zeros(1)),))
-    plain, base, roots = _root_base(ReluSplitConfig(root_intermediate="alpha-crown"), net, region)
+    _, base, roots = _root_base(ReluSplitConfig(root_intermediate="alpha-crown"), net, region)
     runner, tight, tight_roots = _root_base(ANDERSON_ROOT, net, region)
     assert "root_dual_seconds" in runner.target.stats
     assert (tight.lower >= base.lower).all() and (tight.upper <= base.upper).all()
