@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import verify
-import verify.verifier as verifier
-from tests.test_relu_bab import milp_property, mlp
+from tests.test_relu_bab import assert_relu_bab_agrees_with_milp, mlp
 from verify.bab import BabConfig, ReluBab, ReluSplitConfig
 from verify.cli import bab_config, build_parser
 from verify.property import Polytope, Region
@@ -47,11 +45,7 @@ def test_the_anderson_root_bounds_are_sound_and_tighter_than_alpha_crowns():
 def test_branch_and_bound_from_anderson_root_bounds_agrees_with_the_exact_milp(
     seed, truth, monkeypatch
 ):
-    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
-    net, prop = milp_property(seed, truth)
-    config = BabConfig(splitting="relu", relu=ANDERSON_ROOT)
-    result = verify.verify(net, prop, timeout=30, config=config)
-    assert result.status == truth, (seed, result.status, truth, result.stats)
+    assert_relu_bab_agrees_with_milp(seed, truth, ANDERSON_ROOT, monkeypatch)
 
 
 def test_bad_root_bound_settings_are_refused():

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import verify
-import verify.verifier as verifier
 from bounds.methods import beta_crown
-from tests.test_relu_bab import milp_property, mlp, random_domains
+from tests.test_relu_bab import assert_relu_bab_agrees_with_milp, mlp, random_domains
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig
 from verify.bab.relu_split import HardBounder, StratifiedBounder
 from verify.cli import bab_config, build_parser
@@ -79,11 +77,7 @@ def test_the_stratified_bounder_rebounds_only_open_hard_domains():
 @pytest.mark.parametrize("seed", [1, 3])
 @pytest.mark.parametrize("truth", ["sat", "unsat"])
 def test_stratified_branch_and_bound_agrees_with_the_exact_milp(seed, truth, monkeypatch):
-    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
-    net, prop = milp_property(seed, truth)
-    config = BabConfig(splitting="relu", relu=STRATIFIED)
-    result = verify.verify(net, prop, timeout=30, config=config)
-    assert result.status == truth, (seed, result.status, truth, result.stats)
+    assert_relu_bab_agrees_with_milp(seed, truth, STRATIFIED, monkeypatch)
 
 
 def test_bad_stratification_settings_are_refused():

@@ -76,6 +76,17 @@ def milp_property(seed: int, truth: str) -> tuple[nn.Module, VnnlibProperty]:
     return net, VnnlibProperty("<milp>", len(box.lower), len(row), (region,))
 
 
+def assert_relu_bab_agrees_with_milp(seed: int, truth: str, relu: ReluSplitConfig,
+                                    monkeypatch, timeout: float = 30) -> None:  # fmt: skip
+    """ReLU splitting with `relu` answers `truth` on `milp_property(seed, truth)`, the root
+    attack off (so that the search must prove or find the counterexample itself)."""
+    monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
+    net, prop = milp_property(seed, truth)
+    config = BabConfig(splitting="relu", relu=relu)
+    result = verify.verify(net, prop, timeout=timeout, config=config)
+    assert result.status == truth, (seed, result.status, truth, result.stats)
+
+
 @pytest.mark.parametrize("seed", [1, 3, 5])
 @pytest.mark.parametrize("truth", ["sat", "unsat"])
 def test_agrees_with_the_exact_milp(seed, truth, monkeypatch):

@@ -8,8 +8,7 @@ ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation
 The dual solvers start from alpha-CROWN's intervals (its slopes optimised for `C`, the
 intermediate bounds with them) and intersect each layer's result with them: their bounds are
 never looser than alpha-CROWN's, and the neurons that alpha-CROWN already makes stable are not
-re-bounded. Measured on mnist_fc 256x4 prop_4 (eps 0.05), active-set, 60 iterations a layer:
-final margin -2.39 in 11.4 s from alpha-CROWN's intervals, -2.47 in 15.7 s from CROWN's."""
+re-bounded."""
 
 from __future__ import annotations
 

@@ -219,6 +219,13 @@ class ReluBounder:
         above = lower[0] - self.t.spec.b > self.t.tol
         return above[self.t.rows_of].any(dim=1)
 
+    def _intersect_base(self, tightened: dict[str, Interval]) -> None:
+        """The root's intervals intersected with `tightened` (per node, float64 when
+        rechecking; both valid)."""
+        new = flat_intervals(tightened, self.t.layout)
+        lower = torch.maximum(self.base64.lower, new.lower)
+        self.set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
+
     def _tighten(self, intervals: dict[str, Interval], crown_seconds: float) -> bool:
         """Tighten the root's intermediate bounds (float64 `intervals`, when rechecking) by
         alpha-CROWN in the same dtype, within its share of the time left; False when off, or
@@ -237,9 +244,7 @@ class ReluBounder:
         budget = Budget(seconds=max(1e-3, share * left))
         tightened = alpha_crown(t.check.graph, t.box64, C, config, budget,
                                 intervals=intervals, deadline=t.deadline)[2]  # fmt: skip
-        new = flat_intervals(tightened, t.layout)
-        lower = torch.maximum(self.base64.lower, new.lower)
-        self.set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
+        self._intersect_base(tightened)
         return True
 
     def _dual_tighten(self) -> bool:
@@ -266,9 +271,7 @@ class ReluBounder:
             )  # fmt: skip
         except UnsupportedOperationError:
             return False
-        new = flat_intervals(tightened, t.layout)
-        lower = torch.maximum(self.base64.lower, new.lower)
-        self.set_base(Interval(lower, torch.minimum(self.base64.upper, new.upper)))
+        self._intersect_base(tightened)
         t.stats["root_dual_seconds"] = time.perf_counter() - tick
         return True
 
