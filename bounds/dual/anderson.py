@@ -300,9 +300,10 @@ def cut_terms(
         mask = torch.gather(cuts.mask, 3, support)
         W = weights
         WI = W * mask.to(W.dtype)
-        in_L = (WI * mid).sum(-1) - (WI.abs() * half).sum(-1)
+        spread = (WI.abs() * half).sum(-1)
+        in_L = (WI * mid).sum(-1) - spread
         top = (W * mid).sum(-1) + (W.abs() * half).sum(-1)
-        zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() * half).sum(-1)
+        zeta = p.layers.biases[k][cuts.rows] + top - 2 * spread
         return CutTerms(WI, -in_L, zeta, support)
     lo, up = p.x_lower[k], p.x_upper[k]
     mid, half = ((lo + up) / 2).reshape(B, 1, -1, 1), ((up - lo) / 2).reshape(B, 1, -1, 1)
@@ -316,8 +317,9 @@ def cut_terms(
         W = weights
         top = ((W @ mid) + (W.abs() @ half)).squeeze(-1)
     WI = W * cuts.mask.to(W.dtype)
-    in_L = ((WI @ mid) - (WI.abs() @ half)).squeeze(-1)
-    zeta = p.layers.biases[k][cuts.rows] + top - 2 * (WI.abs() @ half).squeeze(-1)
+    spread = (WI.abs() @ half).squeeze(-1)
+    in_L = (WI @ mid).squeeze(-1) - spread
+    zeta = p.layers.biases[k][cuts.rows] + top - 2 * spread
     return CutTerms(WI, -in_L, zeta)
 
 
@@ -348,12 +350,6 @@ class Primal(NamedTuple):
 
     x: tuple[Tensor, ...]
     z: tuple[Tensor, ...]
-
-
-def _scatter(rows: Tensor, values: Tensor, n: int) -> Tensor:
-    """`[B, S, n]` with `values` `[B, S, R]` summed into their `rows`."""
-    out = values.new_zeros(*values.shape[:2], n)
-    return out.scatter_add(2, rows, values)
 
 
 def _box_min(f: Tensor, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
@@ -423,23 +419,23 @@ def _evaluate(
     xs, zs = [None] * (H + 1), [None] * H
     alpha, beta_u, beta_l = list(d.alpha), list(d.beta_u), list(d.beta_l)
     for k, s in reversed(list(enumerate(p.constants))):
-        n = layers.width(k)
         with_cuts = cuts[k].rows.shape[2] > 0
-        mu = above + _scatter(cuts[k].rows, d.beta_cut[k], n) if with_cuts else above
+        mu = above.scatter_add(2, cuts[k].rows, d.beta_cut[k]) if with_cuts else above
         if exact_stable:  # ambiguous: as given; passing: mu passed through; dead: 0
             through = mu.clamp_min(0)
-            alpha[k] = s.ambiguous * alpha[k] + s.passing * through
-            beta_l[k] = s.ambiguous * beta_l[k] + s.passing * (through - mu)
+            alpha[k] = torch.where(s.passing_bool, through, s.ambiguous * alpha[k])
+            beta_l[k] = torch.where(s.passing_bool, through - mu, s.ambiguous * beta_l[k])
             beta_u[k] = s.ambiguous * beta_u[k]
         f = mu - alpha[k] + beta_u[k] + beta_l[k]
         xs[k + 1] = torch.where(f >= 0, s.lb, s.ub)
-        g = beta_u[k] * s.up + beta_l[k] * s.lo
+        g = torch.addcmul(beta_u[k] * s.up, beta_l[k], s.lo)
         if with_cuts:
-            g = g + _scatter(cuts[k].rows, d.beta_cut[k] * terms[k].zeta, n)
+            g = g.scatter_add(2, cuts[k].rows, d.beta_cut[k] * terms[k].zeta)
             value = value - (d.beta_cut[k] * terms[k].kappa).sum(-1)
         zs[k] = (g >= 0).to(g.dtype)
-        per = f * xs[k + 1] + alpha[k] * b[k] - beta_l[k] * s.b_lo - torch.relu(g)
-        value = value + per.sum(-1)
+        per = torch.addcmul(torch.addcmul(f * xs[k + 1], alpha[k], b[k]), beta_l[k], s.b_lo,
+                            value=-1)  # fmt: skip
+        value = value + (per - torch.relu(g)).sum(-1)
         above = layers.adjoint(k, alpha[k] - beta_l[k])
         if with_cuts:
             above = above - cut_adjoint(terms[k], d.beta_cut[k], above.shape[-1])
@@ -466,16 +462,16 @@ def slacks(
         xh = p.layers.forward(k, x_in)
         out, z = x.x[k + 1], x.z[k]
         if exact_stable:
-            out = torch.where(s.passing_bool, torch.minimum(torch.maximum(xh, s.lb), s.ub), out)
+            out = torch.where(s.passing_bool, xh.clamp(s.lb, s.ub), out)
         lo, up = s.lo, s.up
-        alpha.append(xh - out)
-        beta_u.append(out - up * z)
-        beta_l.append(out - xh + lo * (1 - z))
+        gap = xh - out
+        alpha.append(gap)
+        beta_u.append(torch.addcmul(out, up, z, value=-1))
+        beta_l.append(torch.addcmul(lo - gap, lo, z, value=-1))  # x - xh + l (1 - z)
         t = terms[k]
         rows = cuts[k].rows
         if rows.shape[2]:
-            rhs = cut_matvec(t, x_in) + t.kappa
-            rhs = rhs + t.zeta * torch.gather(z, 2, rows)
+            rhs = torch.addcmul(cut_matvec(t, x_in) + t.kappa, t.zeta, torch.gather(z, 2, rows))
             beta_cut.append((torch.gather(out, 2, rows) - rhs) * cuts[k].active)
         else:
             beta_cut.append(t.kappa)  # [B, S, 0]
