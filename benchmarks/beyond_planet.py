@@ -275,13 +275,15 @@ PROVEN_METHODS = ("alpha-crown", "active-set", "active-set-ai")
 
 def part_proven(
     quick: bool, config: active_set.ActiveSetConfig, images: int, suites: tuple[str, ...] = (),
-    intermediate_iterations: int = 60, save=None,
+    intermediate_iterations: int = 60, save=None, done: list[dict] | None = None,
 ) -> list[dict]:  # fmt: skip
     """Per instance, proven by bounds alone (margin > 0) by alpha-crown, by active-set with
     alpha-CROWN's intermediate bounds, and by active-set with the Anderson relaxation's
     intermediate bounds (`intermediate='active-set'`, `intermediate_iterations` per layer,
-    from alpha-CROWN's). `save(rows)` after every instance."""
-    rows = []
+    from alpha-CROWN's). `save(rows)` after every instance. `done`: the rows of an interrupted
+    run with the same settings (`--resume`): kept, and their instances not run again."""
+    rows = list(done or [])
+    finished = {(r["suite"], r["id"]) for r in rows}
     anderson = {
         "iterations": config.iterations, "big_m_iterations": config.big_m_iterations,
         "cut_frequency": config.cut_frequency, "max_cuts": config.max_cuts,
@@ -293,6 +295,8 @@ def part_proven(
                                          "intermediate_iterations": intermediate_iterations}),
     }  # fmt: skip
     for suite, ident, net, problems in proven_instances(quick, images, suites):
+        if (suite, ident) in finished:
+            continue
         row = {"suite": suite, "id": ident}
         for label, (method, opts) in runs.items():
             margin, seconds = _proven(net, problems, method, opts)
@@ -351,6 +355,11 @@ def main() -> None:
         "--lp-limit", type=float, default=600.0, help="seconds per LP solve (0: no LP)"
     )
     parser.add_argument(
+        "--resume", action="store_true",
+        help="proven part: keep the rows of this tag's JSON (an interrupted run with the same "
+        "arguments) and run only the instances it lacks",
+    )  # fmt: skip
+    parser.add_argument(
         "--lp-from", type=Path, default=None,
         help="an earlier run's JSON whose LP values to reuse for the same instances",
     )  # fmt: skip
@@ -361,7 +370,8 @@ def main() -> None:
         restrict=args.restrict or None,
     )  # fmt: skip
     suffix = ("_quick" if args.quick else "") + args.tag
-    command = "python benchmarks/beyond_planet.py " + " ".join(sys.argv[1:])
+    argv = [a for a in sys.argv[1:] if a != "--resume"]  # a resumed run is the same run
+    command = "python benchmarks/beyond_planet.py " + " ".join(argv)
     out = [f"# Beyond Planet\n\n`{command}` ({args.threads} thread)\n"]
     payload: dict = {"command": command, "config": {**vars(args), "lp_from": str(args.lp_from)}}
     if args.part in ("final", "both"):
@@ -385,9 +395,17 @@ def main() -> None:
         def save_proven(rows):
             write_json(f"beyond_planet{suffix}.json", {**payload, "proven": rows})
 
+        done = None
+        earlier = RESULTS / f"beyond_planet{suffix}.json"
+        if args.resume and earlier.exists():
+            before = json.loads(earlier.read_text())
+            if before.get("command") != command:
+                raise SystemExit(f"--resume: {earlier} was made by another command: "
+                                 f"{before.get('command')!r}")  # fmt: skip
+            done = before.get("proven", [])
         rows = part_proven(
             args.quick, config, args.images, tuple(args.suites), args.intermediate_iterations,
-            save_proven,
+            save_proven, done,
         )  # fmt: skip
         table = proven_table(rows)
         print(table)
