@@ -152,7 +152,7 @@ def _children(config: ReluSplitConfig, n: int = 6, seed: int = 0):
 
 
 def _inputs(runner, d):
-    """What `HardBounder.rows` gives the bounder for the domains `d`."""
+    """What `HardBounder.bound_rows` gives the bounder for the domains `d`."""
     t, hard = runner.target, runner.bounder.hard
     rows = t.rows_of[d.poly]
     n = len(d)
@@ -194,7 +194,7 @@ def test_children_start_from_the_better_of_their_parents_duals_and_their_slopes(
 def test_warm_started_bounds_hold_on_sampled_points_of_the_children(seed):
     runner, _, children = _children(WARM, n=8, seed=seed)
     hard, t = runner.bounder.hard, runner.target
-    values, _, ids = hard.rows(children)
+    values, _, ids = hard.bound_rows(children)
     assert runner.stats["hard_warm_used"] > 0 and (ids >= 0).all()
     x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     x = x * 2 - 1
@@ -220,7 +220,7 @@ def test_the_ids_follow_their_domains_through_chunks_and_out_of_memory(monkeypat
     d = type(children)(children.splits, children.alpha, children.beta, children.poly, low,
                        children.margin, children.depth, children.stall, children.warm)  # fmt: skip
     t.sizer.size = 4
-    calls, rows = [], hard.rows
+    calls, rows = [], hard.bound_rows
 
     def flaky(part):
         calls.append(len(part))
@@ -228,7 +228,7 @@ def test_the_ids_follow_their_domains_through_chunks_and_out_of_memory(monkeypat
             raise RuntimeError("CUDA out of memory (injected)")
         return rows(part)
 
-    monkeypatch.setattr(hard, "rows", flaky)
+    monkeypatch.setattr(hard, "bound_rows", flaky)
     bounded = hard.bound(d)
     assert calls[0] == 4 and set(calls[1:]) == {2} and t.sizer.size == 2
     assert len(set(bounded.warm.tolist())) == len(d) and (bounded.warm >= 0).all()

@@ -444,7 +444,7 @@ class HardBounder:
         tick = time.perf_counter()
 
         def chunk(part: slice) -> tuple[Tensor, Tensor | None, Tensor]:
-            return self.rows(d.take(torch.arange(len(d), device=t.device)[part]))
+            return self.bound_rows(d.take(torch.arange(len(d), device=t.device)[part]))
 
         parts = in_chunks(len(d), t.sizer, t.deadline, chunk)
         rows = torch.maximum(d.rows, torch.cat([p[0] for p in parts]))
@@ -465,7 +465,12 @@ class HardBounder:
         return ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, margin, d.depth, d.stall,
                            warm)  # fmt: skip
 
-    def rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None, Tensor]:
+    def rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None]:
+        """`bound_rows` without the ids."""
+        values, values64, _ = self.bound_rows(d)
+        return values, values64
+
+    def bound_rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None, Tensor]:
         """`[N, r]` lower bounds of the rows' `C y - b` by the hard bounder on each domain's
         split-clamped relaxation (`bounds.dual.split_domains`), (when rechecking, else None)
         the same duals' float64 bound for the rows as written in the file, and `[N]` the ids
