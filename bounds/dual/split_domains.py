@@ -115,9 +115,9 @@ def anderson_split_bounds(
     `anderson_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
     `iterations` Adam steps with the default cut schedule. `warm` (module docstring): per
     domain and spec, the start is the better of its duals (where given) and the slopes'; its
-    cuts are kept (their multipliers 0 in a slope start) and the cut rounds start at once, all
-    `max_cuts` of them (the child's relaxation is not the parent's: the oracle finds the
-    constraints it violates). Returns the best duals and their cuts (`start`)."""
+    cuts are kept (their multipliers 0 in a slope start) and `WARM_ROUNDS` cut rounds start at
+    once (the child's relaxation is not the parent's: the oracle finds the constraints it
+    violates). Returns the best duals and their cuts (`start`)."""
     problem = problem_from_layers(net, box, intervals, c)
     by_name = dict(zip(net.act_names, slopes))
     init = active_set.big_m_from_slopes(problem, anderson_slopes(problem, by_name))
@@ -125,7 +125,8 @@ def anderson_split_bounds(
     cuts, used = None, None
     if warm is not None:
         init, cuts, used = _better_start(problem, init, warm)
-    result = active_set.solve(problem, config, init, deadline=deadline, cuts=cuts, rounds=0)
+    rounds = 0 if warm is None else max(0, config.max_cuts - WARM_ROUNDS)
+    result = active_set.solve(problem, config, init, deadline=deadline, cuts=cuts, rounds=rounds)
     given = torch.ones(problem.c.shape[0], dtype=torch.bool, device=problem.c.device)
     start = AndersonStart(result.duals, result.cuts, given)
     if exact is None:
@@ -156,6 +157,10 @@ def _better_start(
 
 
 WARM_STARTS = ("active-set",)  # the hard bounders that return and take warm starts
+# cut rounds of a warm-started solve (on top of the parent's cuts): with 60 iterations, 2 cost
+# what a cold start's 4 do and gave most of the 4's gain on mnist_fc children
+# (`benchmarks/warm_children.py`, `benchmarks/results/vnncomp_mnist_fc_warm.md`)
+WARM_ROUNDS = 2
 
 
 HARD_BOUNDERS = {
