@@ -45,6 +45,7 @@ def run(
     bench: str, scale: float, limit: int | None, method: str | None, splitting: str, tag: str = "",
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
     hard_stall: int = 0, root_bounds: str = ReluSplitConfig.root_intermediate,
+    hard_warm_start: bool = ReluSplitConfig.hard_warm_start,
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
@@ -54,6 +55,7 @@ def run(
         "--splitting", splitting, "--prox-sweeps", str(prox_sweeps),
         "--hard-bounder", hard_bounder, "--hard-stall", str(hard_stall), "--device", "cpu",
         "--threads", "1", "--root-bounds", root_bounds,
+        "--hard-warm-start" if hard_warm_start else "--no-hard-warm-start",
     ]  # fmt: skip
     if method is not None:
         argv += ["--method", method]
@@ -71,6 +73,7 @@ def run(
         "hard_bounder": hard_bounder,
         "hard_stall": hard_stall,
         "root_bounds": root_bounds,
+        "hard_warm_start": hard_warm_start,
         "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -110,6 +113,10 @@ def main() -> None:
         "--root-bounds", default=ReluSplitConfig.root_intermediate,
         help="see python -m verify run -h"
     )  # fmt: skip
+    parser.add_argument(
+        "--hard-warm-start", action=argparse.BooleanOptionalAction,
+        default=ReluSplitConfig.hard_warm_start, help="see python -m verify run -h",
+    )  # fmt: skip
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
@@ -119,7 +126,7 @@ def main() -> None:
         payload = run(
             bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
             args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
-            args.root_bounds,
+            args.root_bounds, args.hard_warm_start,
         )  # fmt: skip
         print(summary(payload["rows"]))
         print("per property:", payload["per_property"])

@@ -495,7 +495,7 @@ def test_split_domain_bounds_on_a_residual_net():
         .expand(2, c.shape[1], *a.shape)
         for a in problem.net.acts
     )
-    lower, lower64 = prox_split_bounds(problem.net, box2, domain, c, slopes, 60)
+    lower, lower64, *_ = prox_split_bounds(problem.net, box2, domain, c, slopes, 60)
     assert lower64 is None
     start, _ = evaluate(
         problem_from_intervals(problem.net, box2, domain, c),

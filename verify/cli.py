@@ -137,6 +137,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         f"open domain; default {ReluSplitConfig.hard_stall})",
     )
     parser.add_argument(
+        "--hard-warm-start",
+        action=argparse.BooleanOptionalAction,
+        default=ReluSplitConfig.hard_warm_start,
+        help="ReLU splitting with --hard-bounder active-set: children start from the duals and "
+        "cuts of their parent's hard bound where that is better than their slopes "
+        f"(default {ReluSplitConfig.hard_warm_start})",
+    )
+    parser.add_argument(
         "--root-bounds",
         choices=("alpha-crown", *DUAL_ROOT_INTERMEDIATE),
         default=ReluSplitConfig.root_intermediate,
@@ -208,8 +216,9 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     bounder = getattr(args, "hard_bounder", ReluSplitConfig.hard_bounder)
     stall = getattr(args, "hard_stall", ReluSplitConfig.hard_stall)
     root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
+    warm = getattr(args, "hard_warm_start", ReluSplitConfig.hard_warm_start)
     relu = ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder, hard_stall=stall,
-                           root_intermediate=root)  # fmt: skip
+                           root_intermediate=root, hard_warm_start=warm)  # fmt: skip
     return BabConfig(relu=relu)
 
 

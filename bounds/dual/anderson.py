@@ -213,6 +213,28 @@ class Cuts(NamedTuple):
     mask: Tensor
     active: Tensor
 
+    def select(self, index: Tensor) -> Cuts:
+        """The problems `index` `[B']` of the batch dimension (branch and bound: the domains
+        kept; children inherit their parent's active set, De Palma et al., ICLR 2021, Sec. 5)."""
+        return Cuts(*(t.index_select(0, index) for t in self))
+
+    def repeat(self, k: int) -> Cuts:
+        """Each problem repeated `k` times consecutively (the children of a split)."""
+        return Cuts(*(t.repeat_interleave(k, dim=0) for t in self))
+
+    def padded(self, slots: int) -> Cuts:
+        """`slots >= R` slots per problem, the new ones padding (inactive, neuron 0, empty
+        set): a batch of problems with different cut counts shares one layout."""
+        extra = slots - self.rows.shape[2]
+        if extra < 0:
+            raise ValueError(f"cannot pad {self.rows.shape[2]} cuts to {slots}")
+        B, S = self.rows.shape[:2]
+        return Cuts(
+            torch.cat([self.rows, self.rows.new_zeros(B, S, extra)], 2),
+            torch.cat([self.mask, self.mask.new_zeros(B, S, extra, self.mask.shape[3])], 2),
+            torch.cat([self.active, self.active.new_zeros(B, S, extra)], 2),
+        )
+
 
 class CutTerms(NamedTuple):
     """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
@@ -339,6 +361,23 @@ class Duals(NamedTuple):
     def unflat(t: tuple[Tensor, ...]) -> Duals:
         h = len(t) // 4
         return Duals(t[:h], t[h : 2 * h], t[2 * h : 3 * h], t[3 * h :])
+
+    def select(self, index: Tensor) -> Duals:
+        """The problems `index` `[B']` of the batch dimension (branch and bound: children
+        warm-started from their parent's duals, De Palma et al., ICLR 2021, Sec. 5)."""
+        return Duals.unflat(tuple(t.index_select(0, index) for t in self.flat()))
+
+    def repeat(self, k: int) -> Duals:
+        """Each problem repeated `k` times consecutively (the children of a split)."""
+        return Duals.unflat(tuple(t.repeat_interleave(k, dim=0) for t in self.flat()))
+
+    def padded(self, slots: tuple[int, ...]) -> Duals:
+        """`beta_cut[k]` padded with zeros to `slots[k]` per problem (`Cuts.padded`)."""
+        cut = tuple(
+            torch.cat([b, b.new_zeros(*b.shape[:2], n - b.shape[2])], 2)
+            for b, n in zip(self.beta_cut, slots)
+        )  # fmt: skip
+        return Duals(self.alpha, self.beta_u, self.beta_l, cut)
 
     def to(self, dtype: torch.dtype) -> Duals:
         return Duals.unflat(tuple(t.to(dtype) for t in self.flat()))

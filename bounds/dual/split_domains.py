@@ -9,15 +9,31 @@ multipliers), started from the domain's slopes:
   chains.
 `HARD_BOUNDERS[name] = (prepare, bound)`: `prepare(graph)` gives the network in the bounder's
 form (UnsupportedOperationError when it cannot take the graph), `bound(net, box, intervals, c,
-slopes, iterations, deadline, exact)` the domains' bounds."""
+slopes, iterations, deadline, exact, warm)` the domains' bounds (`SplitBounds`).
+
+Warm starts (the bounders of `WARM_STARTS`): `bound` returns the duals it ended at
+(`SplitBounds.start`), and takes such duals of an earlier, larger domain (`warm`: the parent's,
+in branch and bound; De Palma et al. 2021, Sec. 5, "children inherit the parent's duals and
+active sets"). A child's relaxation is its parent's with some intervals narrowed (the split
+neurons', clamped at 0): every nonnegative dual point of the parent is a dual point of the
+child, its Anderson constraints are valid there, and their terms (`kappa`, `zeta`: functions of
+the input box) are recomputed from the stored masks with the child's intervals, so its value is
+a valid bound of the child. Per domain and spec the solver starts from the better (by dual
+value) of that point and the slopes' Big-M duals, so its bound is never below the cold start's
+starting bound."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from bounds.dual import active_set
 from bounds.dual.anderson import (
+    AndersonProblem,
+    Cuts,
+    Duals,
     Layers,
     anderson_layers,
     anderson_slopes,
@@ -30,6 +46,27 @@ from bounds.dual.proximal import ProximalConfig, solve
 from bounds.types import Interval
 
 
+class AndersonStart(NamedTuple):
+    """Anderson duals per domain and spec (`[N, S, ...]`, `anderson.Duals`), the cuts they go
+    with (per hidden layer, `[N, S, R_k, ...]`), and `given [N]` bool (False: no start for
+    that domain; its duals are zeros and its cuts padding)."""
+
+    duals: Duals
+    cuts: tuple[Cuts, ...]
+    given: Tensor
+
+
+class SplitBounds(NamedTuple):
+    """What a hard bounder returns: `lower [N, S]`, its float64 twin (None unless asked), the
+    duals it ended at as a warm start for the domains' children (None: the bounder keeps none),
+    and `warm [N, S]` bool, where it started from the `warm` start given (None: none given)."""
+
+    lower: Tensor
+    lower64: Tensor | None
+    start: AndersonStart | None = None
+    warm: Tensor | None = None
+
+
 def prox_split_bounds(
     net: Decomposition,
     box: Interval,
@@ -39,7 +76,8 @@ def prox_split_bounds(
     iterations: int,
     deadline: float | None = None,
     exact: tuple[Decomposition, dict[str, Interval], Tensor] | None = None,
-) -> tuple[Tensor, Tensor | None]:
+    warm: AndersonStart | None = None,
+) -> SplitBounds:
     """`[N, S]` lower bounds of `c . y` (`c [N, S, *out_shape]`) on the domains: `box`
     `[N, *in_shape]`, `intervals` per pre-activation node `[N, *shape]` (already clamped by the
     splits), `slopes` per activation `[N, S, *shape]` in `net.acts` order (the start duals).
@@ -47,17 +85,19 @@ def prox_split_bounds(
     valid; the solver returns its best (float64-checked) within `iterations` sweeps and the
     `deadline` (`time.monotonic()`). `exact = (net64, intervals64, c64)`: the same duals are
     also evaluated in float64 for that objective and those intervals (second result, else
-    None): the float64 bound that may close a domain."""
+    None): the float64 bound that may close a domain. No warm start (`warm` must be None)."""
+    if warm is not None:
+        raise ValueError("the proximal bounder takes no warm start")
     problem = problem_from_intervals(net, box, intervals, c)
     init = initial_duals(problem, slopes)
     result = solve(problem, ProximalConfig(iterations=iterations), init, deadline=deadline)
     if exact is None:
-        return result.lower, None
+        return SplitBounds(result.lower, None)
     net64, intervals64, c64 = exact
     box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
     problem64 = problem_from_intervals(net64, box64, intervals64, c64)
     value64, _ = evaluate(problem64, result.duals.to(torch.float64))
-    return result.lower, value64
+    return SplitBounds(result.lower, value64)
 
 
 def anderson_split_bounds(
@@ -69,21 +109,58 @@ def anderson_split_bounds(
     iterations: int,
     deadline: float | None = None,
     exact: tuple[Layers, dict[str, Interval], Tensor] | None = None,
-) -> tuple[Tensor, Tensor | None]:
+    warm: AndersonStart | None = None,
+) -> SplitBounds:
     """`prox_split_bounds` with the active-set solver of the Anderson relaxation (`net`:
     `anderson_layers(graph)` of a ReLU chain; `slopes` per ReLU `[N, S, *shape]` in its order):
-    `iterations` Adam steps with the default cut schedule."""
+    `iterations` Adam steps with the default cut schedule. `warm` (module docstring): per
+    domain and spec, the start is the better of its duals (where given) and the slopes'; its
+    cuts are kept (their multipliers 0 in a slope start) and `WARM_ROUNDS` cut rounds start at
+    once (the child's relaxation is not the parent's: the oracle finds the constraints it
+    violates). Returns the best duals and their cuts (`start`)."""
     problem = problem_from_layers(net, box, intervals, c)
     by_name = dict(zip(net.act_names, slopes))
     init = active_set.big_m_from_slopes(problem, anderson_slopes(problem, by_name))
     config = active_set.ActiveSetConfig(iterations=iterations)
-    result = active_set.solve(problem, config, init, deadline=deadline)
+    cuts, used = None, None
+    if warm is not None:
+        init, cuts, used = _better_start(problem, init, warm)
+    rounds = 0 if warm is None else max(0, config.max_cuts - WARM_ROUNDS)
+    result = active_set.solve(problem, config, init, deadline=deadline, cuts=cuts, rounds=rounds)
+    given = torch.ones(problem.c.shape[0], dtype=torch.bool, device=problem.c.device)
+    start = AndersonStart(result.duals, result.cuts, given)
     if exact is None:
-        return result.lower, None
+        return SplitBounds(result.lower, None, start, used)
     net64, intervals64, c64 = exact
     box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
     p64 = problem_from_layers(net64, box64, intervals64, c64)
-    return result.lower, dual_value(p64, result.cuts, result.duals)
+    return SplitBounds(result.lower, dual_value(p64, result.cuts, result.duals), start, used)
+
+
+def _better_start(
+    p: AndersonProblem, cold: Duals, warm: AndersonStart
+) -> tuple[Duals, tuple[Cuts, ...], Tensor]:
+    """Per domain and spec the better start by `d` on `p` (the child's relaxation; the warm
+    cuts' terms computed with its intervals): the warm duals where given and better, else the
+    `cold` ones (no cut multiplier). Returns the start, its cuts and `[N, S]` where warm."""
+    slots = tuple(c.rows.shape[2] for c in warm.cuts)
+    cold = cold.padded(slots)
+    value_cold = dual_value(p, warm.cuts, cold, sparse=True)
+    value_warm = dual_value(p, warm.cuts, warm.duals, sparse=True)
+    use = warm.given.unsqueeze(1) & (value_warm > value_cold)
+
+    def pick(a: Tensor, b: Tensor) -> Tensor:
+        return torch.where(use.reshape(*use.shape, *([1] * (a.dim() - 2))), a, b)
+
+    init = Duals.unflat(tuple(pick(a, b) for a, b in zip(warm.duals.flat(), cold.flat())))
+    return init, warm.cuts, use
+
+
+WARM_STARTS = ("active-set",)  # the hard bounders that return and take warm starts
+# cut rounds of a warm-started solve (on top of the parent's cuts): with 60 iterations, 2 cost
+# what a cold start's 4 do and gave most of the 4's gain on mnist_fc children
+# (`benchmarks/warm_children.py`, `benchmarks/results/vnncomp_mnist_fc_warm.md`)
+WARM_ROUNDS = 2
 
 
 HARD_BOUNDERS = {

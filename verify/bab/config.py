@@ -38,7 +38,9 @@ class ReluSplitConfig:
     "sp-fw": the Anderson relaxation; "prox": Planet's), root_intermediate_iterations per
     layer, within root_share of the time left (it runs only when alpha-CROWN's root bound
     leaves a polytope open and no counterexample is known; graphs the solver cannot take skip
-    it).
+    it); hard_warm_start: the active-set hard bounder keeps the duals and cuts of the domains it
+    bounds and their descendants start from them (`verify.bab.warm`), at most
+    hard_warm_memory_gb of them (the oldest dropped beyond).
     Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20; the
     Anderson root bounds: 66 solved instead of 63 at 5% of the timeouts, none lost, and 4 more
     of the rest at the full timeouts: `benchmarks/results/vnncomp_mnist_fc_root_bounds.md`)."""
@@ -61,6 +63,8 @@ class ReluSplitConfig:
     root_intermediate: str = "active-set"
     root_intermediate_iterations: int = 60
     root_share: float = 0.5
+    hard_warm_start: bool = True
+    hard_warm_memory_gb: float = 1.0
 
     def __post_init__(self) -> None:
         if self.hard_bounder not in HARD_BOUNDERS:
@@ -75,8 +79,8 @@ class ReluSplitConfig:
                   self.prox_iterations, self.prox_min_depth, self.hard_stall)  # fmt: skip
         if min(*counts, self.final_iterations) < 0 or not (self.lr_alpha > 0 and self.lr_beta > 0):
             raise ValueError("iteration counts must be >= 0 and learning rates > 0")
-        if not self.max_memory_gb > 0:
-            raise ValueError("max_memory_gb must be > 0")
+        if not (self.max_memory_gb > 0 and self.hard_warm_memory_gb > 0):
+            raise ValueError("max_memory_gb and hard_warm_memory_gb must be > 0")
         if not self.stall_gain >= 0:
             raise ValueError("stall_gain must be >= 0")
         if self.root_intermediate not in ("alpha-crown", *DUAL_ROOT_INTERMEDIATE):

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from bounds.dual.intermediate import intermediate_intervals
-from bounds.dual.split_domains import HARD_BOUNDERS
+from bounds.dual.split_domains import HARD_BOUNDERS, WARM_STARTS
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph, build_graph
 from bounds.methods import beta_crown
@@ -78,6 +78,7 @@ from verify.bab.relu_branching import (
     side_slopes,
     with_split,
 )
+from verify.bab.warm import WarmStarts
 from verify.property import Region
 
 __all__ = ["HardBounder", "ReluBab", "ReluBounder", "ReluBrancher", "ReluDomains", "relu_only"]
@@ -100,7 +101,9 @@ class ReluDomains(DomainBatch):
     `rows [N, r]` lower bounds of its rows' `C y - b` (padded by repeating a row); `margin [N]`
     the best row minus its tolerance (> 0: excluded); `depth [N]` the number of splits; `stall
     [N]` how many of the last splits in a row improved the margin by less than
-    `ReluSplitConfig.stall_gain` (the hard-subtree predictor)."""
+    `ReluSplitConfig.stall_gain` (the hard-subtree predictor); `warm [N]` int64 the id of the
+    hard bounder's stored duals its hard bound starts from (`verify.bab.warm`; -1, the default:
+    none)."""
 
     splits: Tensor
     alpha: Tensor
@@ -110,6 +113,11 @@ class ReluDomains(DomainBatch):
     margin: Tensor
     depth: Tensor
     stall: Tensor
+    warm: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.warm is None:
+            self.warm = torch.full_like(self.depth, -1, dtype=torch.long)
 
 
 @dataclass
@@ -330,7 +338,8 @@ class ReluBounder:
         margin = (values - tol).amax(1)
         stall = self._stall(d, margin)
         t.stats["batches"] += 1
-        bounded = ReluDomains(d.splits, alpha, beta, d.poly, values, margin, d.depth, stall)
+        bounded = ReluDomains(d.splits, alpha, beta, d.poly, values, margin, d.depth, stall,
+                              d.warm)  # fmt: skip
         if result.best_alpha is not None:
             best = (self._flat(result.best_alpha), self._flat(result.best_beta))
             bounded = self.confirmed(bounded, *best)
@@ -371,7 +380,8 @@ class ReluBounder:
         margin[failed] = (values[failed] - t.tol[t.rows_of[d.poly[failed]]]).amax(1)
         margin[failed] = margin[failed].clamp(max=0)
         t.check.record(len(closed), len(failed), time.perf_counter() - tick)
-        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, values, margin, d.depth, d.stall)
+        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, values, margin, d.depth, d.stall,
+                           d.warm)  # fmt: skip
 
     def one_pass(self, splits, alpha, beta, C) -> beta_crown.SplitBackward:
         """One alpha-beta-CROWN backward pass (no optimisation) on the domains `splits`."""
@@ -394,13 +404,20 @@ class HardBounder:
     that look hard (`hard`: depth >= `prox_min_depth` and, with `hard_stall` > 0, a bound that
     improved little over that many splits in a row) are re-bounded by the dual bounder
     `HARD_BOUNDERS[settings.hard_bounder]` on their split-clamped relaxation, from the domain's
-    slopes, with `prox_iterations` iterations. With the recheck, a domain closes only on its
-    float64-evaluated bound. `HardBounder.of` gives None when the stage is off or the bounder
-    cannot take the graph (then the stage is skipped)."""
+    slopes, with `prox_iterations` iterations. With `hard_warm_start` and a bounder of
+    `WARM_STARTS` (the active set), a domain it bounded keeps its duals and cuts (`starts`,
+    `verify.bab.warm`) and its descendants start from them where that is better (stats
+    `hard_warm_given`: domains with a stored start, `hard_warm_used`: domains where some row
+    started from it). With the recheck, a domain closes only on its float64-evaluated bound.
+    `HardBounder.of` gives None when the stage is off or the bounder cannot take the graph
+    (then the stage is skipped)."""
 
     def __init__(self, bounder: ReluBounder, layers, layers64):
         self.bounder, self.t, self.settings = bounder, bounder.t, bounder.settings
         self.layers, self.layers64 = layers, layers64
+        settings = self.settings
+        warm = settings.hard_warm_start and settings.hard_bounder in WARM_STARTS
+        self.starts = WarmStarts(settings.hard_warm_memory_gb * 1e9) if warm else None
 
     @staticmethod
     def of(bounder: ReluBounder) -> HardBounder | None:
@@ -421,22 +438,20 @@ class HardBounder:
         return deep & (d.stall >= self.settings.hard_stall)
 
     def bound(self, d: ReluDomains) -> ReluDomains:
-        """`d` (open domains) re-bounded, in chunks of the batch size within the deadline."""
+        """`d` (open domains) re-bounded, in chunks of the batch size (halved on out-of-memory)
+        within the deadline; `warm` set to the ids of their stored duals."""
         t = self.t
         tick = time.perf_counter()
-        rows = d.rows.clone()
-        closed64 = torch.zeros(len(d), dtype=torch.bool, device=t.device)
-        for start in range(0, len(d), t.sizer.size):
-            if time.monotonic() >= t.deadline:
-                raise DeadlineReachedError
-            part = torch.arange(start, min(start + t.sizer.size, len(d)), device=t.device)
-            values, values64 = self.rows(d.take(part))
-            rows[part] = torch.maximum(rows[part], values)
-            if values64 is not None:
-                tol64 = t.check.tol[t.rows_of[d.poly[part]]]
-                closed64[part] = (values64 - tol64).amax(1) > 0
+
+        def chunk(part: slice) -> tuple[Tensor, Tensor | None, Tensor]:
+            return self.bound_rows(d.take(torch.arange(len(d), device=t.device)[part]))
+
+        parts = in_chunks(len(d), t.sizer, t.deadline, chunk)
+        rows = torch.maximum(d.rows, torch.cat([p[0] for p in parts]))
         margin = (rows - t.tol[t.rows_of[d.poly]]).amax(1)
         if t.check.active:
+            values64 = torch.cat([p[1] for p in parts])
+            closed64 = (values64 - t.check.tol[t.rows_of[d.poly]]).amax(1) > 0
             claims = int((margin > 0).sum())
             t.check.record(claims, int(((margin > 0) & ~closed64).sum()), 0.0)
             margin = torch.where(closed64, margin.abs() + 1, margin.clamp(max=0))
@@ -444,12 +459,22 @@ class HardBounder:
         stats["prox_domains"] = stats.get("prox_domains", 0) + len(d)
         stats["prox_pruned"] = stats.get("prox_pruned", 0) + int((margin > 0).sum())
         stats["prox_seconds"] = stats.get("prox_seconds", 0.0) + time.perf_counter() - tick
-        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, margin, d.depth, d.stall)
+        if self.starts is not None:
+            stats["hard_warm_bytes"] = max(stats.get("hard_warm_bytes", 0), self.starts.peak)
+        warm = torch.cat([p[2] for p in parts])
+        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, margin, d.depth, d.stall,
+                           warm)  # fmt: skip
 
     def rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None]:
+        """`bound_rows` without the ids."""
+        values, values64, _ = self.bound_rows(d)
+        return values, values64
+
+    def bound_rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None, Tensor]:
         """`[N, r]` lower bounds of the rows' `C y - b` by the hard bounder on each domain's
-        split-clamped relaxation (`bounds.dual.split_domains`), and (when rechecking, else None)
-        the same duals' float64 bound for the rows as written in the file."""
+        split-clamped relaxation (`bounds.dual.split_domains`), (when rechecking, else None)
+        the same duals' float64 bound for the rows as written in the file, and `[N]` the ids
+        of the duals stored for the domains' children (`d.warm` when none are kept)."""
         t, bounder = self.t, self.bounder
         n, rows = len(d), t.rows_of[d.poly]
         shape_in = t.box.lower.shape[1:]
@@ -462,13 +487,22 @@ class HardBounder:
             exact = (self.layers64, intervals64, t.check.spec.C[rows].reshape(shape))
         deadline = None if t.deadline == float("inf") else t.deadline
         _, bound = HARD_BOUNDERS[self.settings.hard_bounder]
-        lower, lower64 = bound(
+        warm = None if self.starts is None else self.starts.get(d.warm)
+        result = bound(
             self.layers, box, bounder.intervals(d.splits), t.spec.C[rows].reshape(shape),
             tuple(views[a] for a in t.layout.acts), self.settings.prox_iterations, deadline,
-            exact,
+            exact, warm,
         )  # fmt: skip
-        values64 = None if lower64 is None else lower64 - t.check.spec.b[rows]
-        return lower - t.spec.b[rows], values64
+        values64 = None if result.lower64 is None else result.lower64 - t.check.spec.b[rows]
+        ids = d.warm
+        if self.starts is not None and result.start is not None:
+            ids = self.starts.add(result.start)
+        if warm is not None:
+            stats = t.stats
+            stats["hard_warm_given"] = stats.get("hard_warm_given", 0) + int(warm.given.sum())
+            used = int(result.warm.any(1).sum())
+            stats["hard_warm_used"] = stats.get("hard_warm_used", 0) + used
+        return result.lower - t.spec.b[rows], values64, ids
 
 
 class StratifiedBounder:
@@ -568,7 +602,7 @@ class ReluBrancher:
         """Two children per parent (active ones first), warm-started from the parent
         (`lam [N, r, n]`: the parent's coefficients at the ReLU outputs, see
         `relu_branching.with_split`); each keeps its parent's rows, margin and stall count until
-        it is bounded."""
+        it is bounded, and its parent's warm start for the hard bounder (`verify.bab.warm`)."""
         two = lambda x: torch.cat([x, x])  # noqa: E731
         n = len(parents)
         sign = torch.ones(2 * n, dtype=torch.int8, device=self.t.device)
@@ -578,7 +612,7 @@ class ReluBrancher:
         )
         return ReluDomains(
             splits, two(parents.alpha), beta, two(parents.poly), two(parents.rows),
-            two(parents.margin), two(parents.depth) + 1, two(parents.stall),
+            two(parents.margin), two(parents.depth) + 1, two(parents.stall), two(parents.warm),
         )  # fmt: skip
 
 
@@ -660,6 +694,15 @@ class ReluBab(RegionSearch):
         return int(self.stats["unsplittable"])
 
     # ----- one step -----
+
+    def step(self, open_: ReluDomains) -> tuple[ReluDomains, Found]:
+        """`RegionSearch.step`, then the hard bounder's stored warm starts that no open domain
+        refers to are dropped (`verify.bab.warm.WarmStarts.keep`)."""
+        open_, found = super().step(open_)
+        hard = self.bounder.hard
+        if hard is not None and hard.starts is not None:
+            hard.starts.keep(open_.warm)
+        return open_, found
 
     def _none(self) -> ReluDomains:
         t = self.target

@@ -9,7 +9,9 @@ children's points, PGD now and then. So a domain is pruned by exactly the serial
 procedure, wherever it runs, and a shard's "no open domain left" means what the serial "unsat"
 means. Domains travel between processes as the searches' own dataclasses (`Domains`,
 `ReluDomains`: boxes, bounds, depths, and for ReLU splitting the splits with their warm-start
-slopes and multipliers), moved to the CPU (`portable`).
+slopes and multipliers), moved to the CPU (`portable`). The hard bounder's stored warm starts
+(`verify.bab.warm`) do not travel: a ReLU domain arriving at a worker has its id dropped
+(`ReluShard.receive`) and its hard bound starts from its slopes, as without warm starts.
 
 ReLU splitting needs the root's intermediate bounds (`base`, `base64`) on every worker: the
 coordinator computes the root once (`ReluShard.begin`) and ships them (`context`), so every
@@ -102,7 +104,12 @@ class ReluShard(ReluBab):
             self.sizer.seed(context.seed_cost)
 
     def receive(self, shard: ReluDomains) -> ReluDomains:
-        return moved(shard, self.device)
+        """`shard` on this search's device, without warm-start ids (they name entries of the
+        sender's store, not of this one)."""
+        d = moved(shard, self.device)
+        none = torch.full_like(d.warm, -1)
+        return ReluDomains(d.splits, d.alpha, d.beta, d.poly, d.rows, d.margin, d.depth, d.stall,
+                           none)  # fmt: skip
 
 
 def warm_up() -> None:
