@@ -31,6 +31,7 @@ from verify.bab import BabConfig, ReluSplitConfig
 from verify.bab.warm import WarmStarts, compact, nbytes
 from verify.cli import bab_config, build_parser
 from verify.distributed.searches import ReluShard
+from verify.distributed.suite import settings_of
 
 WARM = ReluSplitConfig(
     prox_iterations=60, hard_bounder="active-set", hard_stall=1, stall_gain=0.5,
@@ -287,3 +288,10 @@ def test_the_cli_switches_warm_starts():
     assert small_runner(COLD).bounder.hard.starts is None
     with pytest.raises(ValueError, match="hard_warm_memory_gb"):
         ReluSplitConfig(hard_warm_memory_gb=0)
+
+
+def test_run_all_over_ray_carries_the_warm_start_switch():
+    base = ["run-all", "i.csv", "--out", "o.csv"]
+    assert settings_of(build_parser().parse_args(base)).hard_warm_start is True
+    off = settings_of(build_parser().parse_args([*base, "--no-hard-warm-start"]))
+    assert off.hard_warm_start is False

@@ -62,6 +62,7 @@ class Settings:
     hard_bounder: str = "prox"
     hard_stall: int = 0
     root_bounds: str = ReluSplitConfig.root_intermediate
+    hard_warm_start: bool = ReluSplitConfig.hard_warm_start
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def solve_job(job: Job, settings: Settings) -> Answer:
                               prox_sweeps=settings.prox_sweeps,
                               hard_bounder=settings.hard_bounder,
                               hard_stall=settings.hard_stall,
-                              root_bounds=settings.root_bounds)  # fmt: skip
+                              root_bounds=settings.root_bounds,
+                              hard_warm_start=settings.hard_warm_start)  # fmt: skip
     config = cli.bab_config(options)
     try:
         net = cached_network(job.network, settings.device)
@@ -148,9 +150,10 @@ def settings_of(args: argparse.Namespace) -> Settings:
     bounder = getattr(args, "hard_bounder", "prox")
     stall = getattr(args, "hard_stall", 0)
     root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
+    warm = getattr(args, "hard_warm_start", ReluSplitConfig.hard_warm_start)
     return Settings(
         args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall,
-        root,
+        root, warm,
     )
 
 
