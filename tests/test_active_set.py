@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import verify
-from bounds.anderson_lp import anderson_lp
+from bounds.anderson_lp import anderson_lp, anderson_lp_separated
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
 from bounds.dual.anderson import (
     Cuts,
@@ -147,6 +147,20 @@ def test_active_set_is_between_big_m_and_the_all_cuts_lp(seed):
     assert tighter.any()
     assert (result.lower[tighter] > planet[tighter]).all()
     assert sum(result.stats["cuts"]) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cutting_planes_reach_the_all_cuts_lp(seed):
+    _, graph, box = _tiny(seed)
+    p, _, _, _ = _problem(graph, box)
+    hull = anderson_lp(p, all_cuts=True)
+    separated, stats = anderson_lp_separated(p)
+    torch.testing.assert_close(separated, hull, rtol=1e-6, atol=1e-6)
+    planet = anderson_lp(p, all_cuts=False)
+    tighter = hull > planet + 1e-3
+    assert tighter.any() and (stats["cuts"][tighter.numpy()] > 0).all()
+    with pytest.raises(RuntimeError, match="rounds"):
+        anderson_lp_separated(p, max_rounds=0)
 
 
 def test_the_float64_recheck_is_the_dual_value_at_the_returned_duals():
