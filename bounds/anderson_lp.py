@@ -89,63 +89,85 @@ def _most_violated_np(w, b, L, U, x, y, z):
 
 
 def anderson_lp_separated(
-    p: AndersonProblem, tolerance: float = 1e-7, max_rounds: int = 200
+    p: AndersonProblem, tolerance: float = 1e-7, max_rounds: int = 200, share_cuts: bool = False
 ) -> tuple[Tensor, dict]:
     """`min c . y` per (batch, spec) `[B, S]` over the Anderson relaxation of `p` (the convex
     hull of each neuron over its input box, as `anderson_lp(p, all_cuts=True)`), for any fan-in,
     by cutting planes (module docstring); a constraint is added where it is violated by more
-    than `tolerance (1 + |y|)`. Also returns stats: rounds and cuts per problem. Raises
+    than `tolerance (1 + |y|)`; `share_cuts`: as `hull_lp`'s, over the specs of a batch
+    element. Also returns stats: rounds and cuts per problem. Raises
     RuntimeError when an LP does not solve or the rounds run out before no cut is violated."""
-    cp, _ = _cvxpy()
     W = [_np(p.layers.dense(k)) for k in range(p.layers.hidden + 1)]
     b = [_np(v) for v in p.layers.biases]
     B, S = p.c.shape[:2]
     out = np.zeros((B, S))
     stats: dict = {"rounds": np.zeros((B, S), dtype=int), "cuts": np.zeros((B, S), dtype=int)}
     for i in range(B):
-        x = [cp.Variable(w.shape[1]) for w in W]
-        z = [cp.Variable(w.shape[0]) for w in W[:-1]]
         lb, ub = [_np(t[i]) for t in p.x_lower], [_np(t[i]) for t in p.x_upper]
-        base = [x[0] >= lb[0], x[0] <= ub[0]]
-        ends, ambiguous = [], []
-        for k in range(len(W) - 1):
-            lo, up = _np(p.pre_lower[k][i]), _np(p.pre_upper[k][i])
-            xh = W[k] @ x[k] + b[k]
-            out_k = x[k + 1]
-            base += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
-            base += [out_k <= cp.multiply(up, z[k]), out_k <= xh - cp.multiply(lo, 1 - z[k])]
-            positive = W[k] > 0
-            ends.append((np.where(positive, lb[k], ub[k]), np.where(positive, ub[k], lb[k])))
-            ambiguous.append(np.flatnonzero((lo < 0) & (up > 0)))
-        objective = W[-1] @ x[-1] + b[-1]
-        for s in range(S):
-            c = _np(p.c[i, s])
-            cuts: list = []
-            for rounds in range(max_rounds + 1):
-                problem = cp.Problem(cp.Minimize(c @ objective), base + cuts)
-                with _silenced_stdout():
-                    problem.solve(solver="HIGHS")
-                if problem.status != cp.OPTIMAL:
-                    raise RuntimeError(f"the Anderson LP ended {problem.status} at ({i}, {s})")
-                added = []
-                for k, neurons in enumerate(ambiguous):
-                    xk, yk, zk = x[k].value, x[k + 1].value, z[k].value
-                    L, U = ends[k]
-                    for n in neurons:
-                        violation, chosen = _most_violated_np(
-                            W[k][n], b[k][n], L[n], U[n], xk, yk[n], zk[n]
-                        )  # fmt: skip
-                        if violation > tolerance * (1 + abs(yk[n])):
-                            kappa = -float(np.sum(W[k][n, chosen] * L[n, chosen]))
-                            zeta = float(b[k][n] + np.sum(W[k][n, ~chosen] * U[n, ~chosen])
-                                         + np.sum(W[k][n, chosen] * L[n, chosen]))  # fmt: skip
-                            added.append(x[k + 1][n] <= (W[k][n] * chosen) @ x[k] + kappa
-                                         + zeta * z[k][n])  # fmt: skip
-                if not added:
-                    break
-                if rounds == max_rounds:
-                    raise RuntimeError(f"cuts still violated after {max_rounds} rounds")
-                cuts += added
-            out[i, s] = problem.value
-            stats["rounds"][i, s], stats["cuts"][i, s] = rounds, len(cuts)
+        lo, up = [_np(t[i]) for t in p.pre_lower], [_np(t[i]) for t in p.pre_upper]
+        values, rounds, cuts = hull_lp(
+            W, b, lb, ub, lo, up, [_np(p.c[i, s]) for s in range(S)], tolerance, max_rounds,
+            share_cuts,
+        )  # fmt: skip
+        out[i], stats["rounds"][i], stats["cuts"][i] = values, rounds, cuts
     return torch.as_tensor(out, dtype=p.c.dtype), stats
+
+
+def hull_lp(
+    W: list[np.ndarray], b: list[np.ndarray], lb: list[np.ndarray], ub: list[np.ndarray],
+    lo: list[np.ndarray], up: list[np.ndarray], objectives: list[np.ndarray],
+    tolerance: float = 1e-7, max_rounds: int = 200, share_cuts: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """The cutting-plane Anderson LP of one problem in numbers: affine layers `W[k]`, `b[k]`
+    (the last one's output is the objective's), the boxes `lb[k]`, `ub[k]` of each layer's
+    input, the pre-activation bounds `lo[k]`, `up[k]` of each hidden layer; `min c . (W[-1] x +
+    b[-1])` for each `c` of `objectives`. `share_cuts`: the cuts found for one objective are
+    kept for the next (every cut is valid for the relaxation; fewer rounds). Returns the
+    values, the rounds and the number of cuts per objective."""
+    cp, _ = _cvxpy()
+    x = [cp.Variable(w.shape[1]) for w in W]
+    z = [cp.Variable(w.shape[0]) for w in W[:-1]]
+    base = [x[0] >= lb[0], x[0] <= ub[0]]
+    ends, ambiguous = [], []
+    for k in range(len(W) - 1):
+        xh = W[k] @ x[k] + b[k]
+        out_k = x[k + 1]
+        base += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
+        base += [out_k <= cp.multiply(up[k], z[k]), out_k <= xh - cp.multiply(lo[k], 1 - z[k])]
+        positive = W[k] > 0
+        ends.append((np.where(positive, lb[k], ub[k]), np.where(positive, ub[k], lb[k])))
+        ambiguous.append(np.flatnonzero((lo[k] < 0) & (up[k] > 0)))
+    objective = W[-1] @ x[-1] + b[-1]
+    values = np.zeros(len(objectives))
+    rounds_of = np.zeros(len(objectives), dtype=int)
+    cuts_of = np.zeros(len(objectives), dtype=int)
+    cuts: list = []
+    for s, c in enumerate(objectives):
+        cuts = cuts if share_cuts else []
+        for rounds in range(max_rounds + 1):
+            problem = cp.Problem(cp.Minimize(c @ objective), base + cuts)
+            with _silenced_stdout():
+                problem.solve(solver="HIGHS")
+            if problem.status != cp.OPTIMAL:
+                raise RuntimeError(f"the Anderson LP ended {problem.status} at objective {s}")
+            added = []
+            for k, neurons in enumerate(ambiguous):
+                xk, yk, zk = x[k].value, x[k + 1].value, z[k].value
+                L, U = ends[k]
+                for n in neurons:
+                    violation, chosen = _most_violated_np(
+                        W[k][n], b[k][n], L[n], U[n], xk, yk[n], zk[n]
+                    )  # fmt: skip
+                    if violation > tolerance * (1 + abs(yk[n])):
+                        kappa = -float(np.sum(W[k][n, chosen] * L[n, chosen]))
+                        zeta = float(b[k][n] + np.sum(W[k][n, ~chosen] * U[n, ~chosen])
+                                     + np.sum(W[k][n, chosen] * L[n, chosen]))  # fmt: skip
+                        added.append(x[k + 1][n] <= (W[k][n] * chosen) @ x[k] + kappa
+                                     + zeta * z[k][n])  # fmt: skip
+            if not added:
+                break
+            if rounds == max_rounds:
+                raise RuntimeError(f"cuts still violated after {max_rounds} rounds")
+            cuts = cuts + added
+        values[s], rounds_of[s], cuts_of[s] = problem.value, rounds, len(cuts)
+    return values, rounds_of, cuts_of

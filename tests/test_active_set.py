@@ -156,6 +156,8 @@ def test_cutting_planes_reach_the_all_cuts_lp(seed):
     hull = anderson_lp(p, all_cuts=True)
     separated, stats = anderson_lp_separated(p)
     torch.testing.assert_close(separated, hull, rtol=1e-6, atol=1e-6)
+    shared, _ = anderson_lp_separated(p, share_cuts=True)  # cuts valid for every objective
+    torch.testing.assert_close(shared, hull, rtol=1e-6, atol=1e-6)
     planet = anderson_lp(p, all_cuts=False)
     tighter = hull > planet + 1e-3
     assert tighter.any() and (stats["cuts"][tighter.numpy()] > 0).all()
