@@ -32,7 +32,9 @@ def test_compiled_flags_equal_eager_clean_and_faulty(name):
         clean = fast.run(x)[1]
         assert not clean.flagged.any()
         _same(clean, slow.run(x)[1])
-        assert torch.equal(fast(x), net(x))
+        # the network's output, up to rounding: Inductor may order a convolution's sums
+        # otherwise than eager (measured: 1 ulp on an AMD EPYC, bitwise equal elsewhere)
+        torch.testing.assert_close(fast(x), net(x), rtol=1e-5, atol=1e-6)
         site = next(n for n, p in net.named_parameters() if p.dim() > 1)
         for fault in (Fault("weight", site, 0, value=1e4), Fault("weight", site, 1, xor=1 << 29)):
             with inject(net, [fault]):
