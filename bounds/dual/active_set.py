@@ -50,6 +50,7 @@ from bounds.dual.anderson import (
     dual_value,
     evaluate,
     evaluate_stable,
+    gather_slots,
     layer_support,
     no_cuts,
     row_support,
@@ -284,7 +285,7 @@ def _add_round(
             order = torch.argsort((~kept).to(torch.int8), dim=2, stable=True)
             order = order[:, :, : int(kept.sum(-1).amax()) if old[k] else 0]
             orders[k] = order
-            gather = _gather_slots(order)
+            gather = gather_slots(order)
             cuts = (*cuts[:k], Cuts(gather(cuts[k].rows), gather(cuts[k].mask),
                                     gather(kept)), *cuts[k + 1 :])  # fmt: skip
             moved = (None if t is None else gather(t) for t in terms[k])
@@ -316,16 +317,6 @@ def _add_round(
         return torch.cat(out, -1)
 
     return cuts, terms, grow
-
-
-def _gather_slots(order: Tensor):
-    """`t` `[B, S, R, ...]` -> its slots `order` `[B, S, R']` per problem."""
-
-    def gather(t: Tensor) -> Tensor:
-        at = order.reshape(*order.shape, *([1] * (t.dim() - 3)))
-        return torch.gather(t, 2, at.expand(*order.shape, *t.shape[3:]))
-
-    return gather
 
 
 @dataclass(frozen=True)

@@ -236,6 +236,17 @@ class Cuts(NamedTuple):
         )
 
 
+def gather_slots(order: Tensor):
+    """`t` `[B, S, R, ...]` (a layer's cuts or their multipliers) -> its slots `order`
+    `[B, S, R']` per problem."""
+
+    def gather(t: Tensor) -> Tensor:
+        at = order.reshape(*order.shape, *([1] * (t.dim() - 3)))
+        return torch.gather(t, 2, at.expand(*order.shape, *t.shape[3:]))
+
+    return gather
+
+
 class CutTerms(NamedTuple):
     """A layer's cuts in numbers: `WI` `[B, S, R, n_in]` (`W_ij 1[j in I]`), `kappa` and
     `zeta` `[B, S, R]`. With `support` `[B, S, R, F]` (the inputs a row can be nonzero on, as

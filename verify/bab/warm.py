@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import Cuts, Duals
+from bounds.dual.anderson import Cuts, Duals, gather_slots
 from bounds.dual.split_domains import AndersonStart
 
 # the active set's default schedule adds at most max_cuts x restrict = 6 x 32 cuts per layer
@@ -53,11 +53,7 @@ def compact(start: AndersonStart, max_cuts: int = MAX_CUTS) -> AndersonStart:
         kept = c.active & (beta > 0)
         count = min(max_cuts, int(kept.sum(-1).amax())) if kept.numel() else 0
         order = torch.where(kept, beta, -torch.ones_like(beta)).topk(count, dim=2).indices
-
-        def gather(t: Tensor, order: Tensor = order) -> Tensor:
-            at = order.reshape(*order.shape, *([1] * (t.dim() - 3)))
-            return torch.gather(t, 2, at.expand(*order.shape, *t.shape[3:]))
-
+        gather = gather_slots(order)
         chosen = gather(kept)
         cuts.append(Cuts(gather(c.rows), gather(c.mask), chosen))
         betas.append(gather(beta) * chosen)
@@ -66,7 +62,7 @@ def compact(start: AndersonStart, max_cuts: int = MAX_CUTS) -> AndersonStart:
 
 
 def nbytes(start: AndersonStart) -> int:
-    tensors = (*start.duals.flat(), *(t for c in start.cuts for t in c), start.given)
+    tensors = (*_tensors(start.duals, start.cuts), start.given)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
