@@ -409,7 +409,7 @@ def _stage_on_split_domains(seed: int, relu: ReluSplitConfig, dtype=torch.float6
     runner = ReluBab(net, region, BabConfig(splitting="relu", relu=relu))
     domains = random_domains(runner, 8, depth=3, seed=seed)
     tol = 1e-9 if dtype == torch.float64 else 1e-5  # float32: the start's own rounding
-    bound, bound64 = runner.bounder.hard.rows(domains)
+    bound, bound64, _ = runner.bounder.hard.bound_rows(domains)
     bound = bound[:, 0]
     x = torch.rand(100_000, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     graph64 = runner.target.graph.to(torch.float64)

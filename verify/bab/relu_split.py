@@ -465,11 +465,6 @@ class HardBounder:
         return ReluDomains(d.splits, d.alpha, d.beta, d.poly, rows, margin, d.depth, d.stall,
                            warm)  # fmt: skip
 
-    def rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None]:
-        """`bound_rows` without the ids."""
-        values, values64, _ = self.bound_rows(d)
-        return values, values64
-
     def bound_rows(self, d: ReluDomains) -> tuple[Tensor, Tensor | None, Tensor]:
         """`[N, r]` lower bounds of the rows' `C y - b` by the hard bounder on each domain's
         split-clamped relaxation (`bounds.dual.split_domains`), (when rechecking, else None)
