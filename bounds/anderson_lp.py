@@ -34,18 +34,12 @@ def anderson_lp(p: AndersonProblem, all_cuts: bool = True, max_fan_in: int = 8) 
     B, S = p.c.shape[:2]
     out = np.zeros((B, S))
     for i in range(B):
-        x = [cp.Variable(w.shape[1]) for w in W]
-        z = [cp.Variable(w.shape[0]) for w in W[:-1]]
         lb, ub = [_np(t[i]) for t in p.x_lower], [_np(t[i]) for t in p.x_upper]
-        rows = [x[0] >= lb[0], x[0] <= ub[0]]
-        for k in range(len(W) - 1):
-            lo, up = _np(p.pre_lower[k][i]), _np(p.pre_upper[k][i])
-            xh = W[k] @ x[k] + b[k]
-            out_k = x[k + 1]
-            rows += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
-            rows += [out_k <= cp.multiply(up, z[k]), out_k <= xh - cp.multiply(lo, 1 - z[k])]
-            if all_cuts:
-                rows += _all_cuts(cp, W[k], b[k], lb[k], ub[k], lo, up, x[k], out_k, z[k],
+        lo, up = [_np(t[i]) for t in p.pre_lower], [_np(t[i]) for t in p.pre_upper]
+        x, z, rows = _big_m(cp, W, b, lb, ub, lo, up)
+        if all_cuts:
+            for k in range(len(W) - 1):
+                rows += _all_cuts(W[k], b[k], lb[k], ub[k], lo[k], up[k], x[k], x[k + 1], z[k],
                                   max_fan_in)  # fmt: skip
         c = cp.Parameter(W[-1].shape[0])
         problem = cp.Problem(cp.Minimize(c @ (W[-1] @ x[-1] + b[-1])), rows)
@@ -59,28 +53,55 @@ def anderson_lp(p: AndersonProblem, all_cuts: bool = True, max_fan_in: int = 8) 
     return torch.as_tensor(out, dtype=p.c.dtype)
 
 
-def _all_cuts(cp, W, b, lb, ub, lo, up, x_in, x_out, z, max_fan_in: int) -> list:
+def _big_m(cp, W, b, lb, ub, lo, up) -> tuple[list, list, list]:
+    """The Big-M LP's variables `x` (each layer's input), `z` (each hidden layer's) and
+    constraints for affine layers `W[k]`, `b[k]`, input boxes `lb[k]`, `ub[k]` and hidden
+    pre-activation bounds `lo[k]`, `up[k]`."""
+    x = [cp.Variable(w.shape[1]) for w in W]
+    z = [cp.Variable(w.shape[0]) for w in W[:-1]]
+    rows = [x[0] >= lb[0], x[0] <= ub[0]]
+    for k in range(len(W) - 1):
+        xh = W[k] @ x[k] + b[k]
+        out_k = x[k + 1]
+        rows += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
+        rows += [out_k <= cp.multiply(up[k], z[k]), out_k <= xh - cp.multiply(lo[k], 1 - z[k])]
+    return x, z, rows
+
+
+def _ends(W: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per weight, the input ends `L`, `U` with `W L <= W U` (`[n_out, n_in]`)."""
+    positive = W > 0
+    return np.where(positive, lb, ub), np.where(positive, ub, lb)
+
+
+def _cut(w, b, L, U, I, x_in, y, z):
+    """The constraint `A_I` of one neuron (weights `w`, bias `b`, ends `L`, `U`; `I` a bool
+    mask over its inputs; Anderson et al. 2020, Thm. 1): `y <= (w 1_I) . x_in + kappa + zeta z`."""
+    kappa = -float(np.sum(w[I] * L[I]))
+    zeta = float(b + np.sum(w[~I] * U[~I]) + np.sum(w[I] * L[I]))
+    return y <= (w * I) @ x_in + kappa + zeta * z
+
+
+def _all_cuts(W, b, lb, ub, lo, up, x_in, x_out, z, max_fan_in: int) -> list:
     """Every `A_I` of every ambiguous neuron (see `bounds.dual.anderson`)."""
     rows = []
+    L, U = _ends(W, lb, ub)
     for i in np.flatnonzero((lo < 0) & (up > 0)):
         inputs = np.flatnonzero(W[i] != 0)
         if inputs.size > max_fan_in:
             raise ValueError(f"neuron {i} has fan-in {inputs.size} > {max_fan_in}")
-        L = np.where(W[i] > 0, lb, ub)
-        U = np.where(W[i] > 0, ub, lb)
         for r in range(inputs.size + 1):
             for chosen in itertools.combinations(inputs, r):
                 I = np.zeros(W.shape[1], dtype=bool)
                 I[list(chosen)] = True
-                kappa = -float(np.sum(W[i, I] * L[I]))
-                zeta = float(b[i] + np.sum(W[i, ~I] * U[~I]) + np.sum(W[i, I] * L[I]))
-                rows.append(x_out[i] <= (W[i] * I) @ x_in + kappa + zeta * z[i])
+                rows.append(_cut(W[i], b[i], L[i], U[i], I, x_in, x_out[i], z[i]))
     return rows
 
 
 def _most_violated_np(w, b, L, U, x, y, z):
     """The oracle on one neuron (weights `w`, bias `b`, input ends `L`/`U` with `w L <= w U`) at
-    `(x, y, z)`: `(violation, I)` of the `A_I` with the least right-hand side."""
+    `(x, y, z)`: `(violation, I)` of the `A_I` with the least right-hand side. Written apart from
+    the solvers' `anderson.most_violated` on purpose: the reference must not share their code."""
     inside = w * x - w * L * (1 - z)
     outside = w * U * z
     chosen = (inside <= outside) & (w != 0)
@@ -125,18 +146,9 @@ def hull_lp(
     kept for the next (every cut is valid for the relaxation; fewer rounds). Returns the
     values, the rounds and the number of cuts per objective."""
     cp, _ = _cvxpy()
-    x = [cp.Variable(w.shape[1]) for w in W]
-    z = [cp.Variable(w.shape[0]) for w in W[:-1]]
-    base = [x[0] >= lb[0], x[0] <= ub[0]]
-    ends, ambiguous = [], []
-    for k in range(len(W) - 1):
-        xh = W[k] @ x[k] + b[k]
-        out_k = x[k + 1]
-        base += [out_k >= xh, out_k >= lb[k + 1], out_k <= ub[k + 1], z[k] >= 0, z[k] <= 1]
-        base += [out_k <= cp.multiply(up[k], z[k]), out_k <= xh - cp.multiply(lo[k], 1 - z[k])]
-        positive = W[k] > 0
-        ends.append((np.where(positive, lb[k], ub[k]), np.where(positive, ub[k], lb[k])))
-        ambiguous.append(np.flatnonzero((lo[k] < 0) & (up[k] > 0)))
+    x, z, base = _big_m(cp, W, b, lb, ub, lo, up)
+    ends = [_ends(W[k], lb[k], ub[k]) for k in range(len(W) - 1)]
+    ambiguous = [np.flatnonzero((lo[k] < 0) & (up[k] > 0)) for k in range(len(W) - 1)]
     objective = W[-1] @ x[-1] + b[-1]
     values = np.zeros(len(objectives))
     rounds_of = np.zeros(len(objectives), dtype=int)
@@ -159,11 +171,8 @@ def hull_lp(
                         W[k][n], b[k][n], L[n], U[n], xk, yk[n], zk[n]
                     )  # fmt: skip
                     if violation > tolerance * (1 + abs(yk[n])):
-                        kappa = -float(np.sum(W[k][n, chosen] * L[n, chosen]))
-                        zeta = float(b[k][n] + np.sum(W[k][n, ~chosen] * U[n, ~chosen])
-                                     + np.sum(W[k][n, chosen] * L[n, chosen]))  # fmt: skip
-                        added.append(x[k + 1][n] <= (W[k][n] * chosen) @ x[k] + kappa
-                                     + zeta * z[k][n])  # fmt: skip
+                        added.append(_cut(W[k][n], b[k][n], L[n], U[n], chosen, x[k],
+                                          x[k + 1][n], z[k][n]))  # fmt: skip
             if not added:
                 break
             if rounds == max_rounds:
