@@ -37,6 +37,7 @@ class ExpRelaxation(SCurveRelaxation):
     """exp; see the module docstring."""
 
     name = "exp"
+    output_range = (0.0, float("inf"))
     convex = True
     monotone = True
     param_shape = (1,)

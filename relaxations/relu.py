@@ -38,11 +38,15 @@ class ReluRelaxation:
     """The Planet relaxation of ReLU; see the module docstring."""
 
     name = "relu"
+    output_range = (0.0, float("inf"))
+    rounding_ulps = 0  # max(x, 0) is exact
     convex = True
     monotone = True
     split_at_zero = True
     fused = "planet"  # kernels.prox_relu_block
-    anderson = True  # after an affine layer: the convex hull of Anderson et al. (bounds.dual.anderson)
+    anderson = (
+        True  # after an affine layer: the convex hull of Anderson et al. (bounds.dual.anderson)
+    )
     param_shape = ()  # the lower slope alpha
     pieces = (Piece(-torch.inf, 0.0, 0.0, 0.0), Piece(0.0, torch.inf, 1.0, 0.0))
 

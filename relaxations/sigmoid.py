@@ -17,6 +17,7 @@ class SigmoidRelaxation(MonotoneSRelaxation):
     rounds to 1, unlike `s (1 - s)`)."""
 
     name = "sigmoid"
+    output_range = (0.0, 1.0)
 
     def f(self, x: Tensor) -> Tensor:
         return torch.sigmoid(x)

@@ -139,6 +139,7 @@ class SoftmaxRelaxation:
     the last input (bounds only); see the module docstring."""
 
     name = "softmax"
+    output_range = (0.0, 1.0)  # exact: intervals widened for rounding stay in it
     convex = False
     monotone = False  # decreasing in every difference, but of several inputs
     split_at_zero = False

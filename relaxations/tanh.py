@@ -18,6 +18,7 @@ class TanhRelaxation(MonotoneSRelaxation):
     margin)."""
 
     name = "tanh"
+    output_range = (-1.0, 1.0)
 
     def f(self, x: Tensor) -> Tensor:
         return torch.tanh(x)

@@ -151,3 +151,121 @@ def make(name: str, seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[
     for p in net.parameters():
         p.requires_grad_(False)
     return net, shape
+
+
+# --- the float-trap zoo: networks whose bounds rounding breaks unless it is accounted for ----
+# Each is built from the layer kinds `exact_forward` (tests/test_rounding.py) evaluates in
+# mpmath: Linear, ReLU, Square, Shift, Product, and the residual Cancel.
+
+
+class Square(nn.Module):
+    def forward(self, x):
+        return x * x
+
+
+class Shift(nn.Module):
+    """`x - c` for a constant vector `c`."""
+
+    def __init__(self, c: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor(c, dtype=torch.float64))
+
+    def forward(self, x):
+        return x - self.c
+
+
+class Cancel(nn.Module):
+    """`(a + big) - big` and `a - a`, side by side: `[a + big - big, a - a]`."""
+
+    def __init__(self, big: float) -> None:
+        super().__init__()
+        self.big = big
+
+    def forward(self, x):
+        return torch.cat([(x + self.big) - self.big, x - x], dim=1)
+
+
+class Product(nn.Module):
+    """`x[:, :k] * x[:, k:]` of the two halves."""
+
+    def forward(self, x):
+        k = x.shape[1] // 2
+        return x[:, :k] * x[:, k:]
+
+
+def _linear(weight: list[list[float]], bias: list[float] | None = None) -> nn.Linear:
+    w = torch.tensor(weight, dtype=torch.float64)
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if bias is not None:
+            layer.bias.copy_(torch.tensor(bias, dtype=torch.float64))
+    return layer
+
+
+def _trap() -> nn.Sequential:
+    """The issue's trap: a wide linear layer, a square, a constant subtracted."""
+    w = [[3e6, -2e6, 1e6, 5e5], [1.0, 2.0, -1.0, 0.5], [2e6, 1e6, -3e6, 1e6]]
+    return nn.Sequential(_linear(w, [0.0, 0.0, 0.0]), Square(), Shift([9800.75, 3.0, 1.0]))
+
+
+def _huge_weights() -> nn.Sequential:
+    """Weights of 1e6-1e8 next to constants of 1e3-1e4, through a ReLU."""
+    gen = torch.Generator().manual_seed(7)
+    w1 = (
+        torch.randn(6, 4, generator=gen) * 10 ** torch.randint(6, 9, (6, 4), generator=gen)
+    ).tolist()
+    b1 = (torch.randn(6, generator=gen) * 5e3).tolist()
+    w2 = torch.randn(3, 6, generator=gen).tolist()
+    return nn.Sequential(_linear(w1, b1), nn.ReLU(), _linear(w2, [1234.5, -4321.25, 7e3]),
+                         Shift([1e3, -1e4, 2.5e3]))  # fmt: skip
+
+
+def _cancellations() -> nn.Sequential:
+    """`(a + 1e8) - 1e8` and `a - a` after a linear layer, then a linear mix."""
+    return nn.Sequential(_linear([[1.0, -0.5], [0.25, 2.0]], [0.1, -0.2]), Cancel(1e8),
+                         _linear([[1.0, 1.0, 1.0, 1.0], [1.0, -1.0, 3.0, -3.0]], [0.0, 0.0]))  # fmt: skip
+
+
+def _deep_narrow() -> nn.Sequential:
+    """Ten layers of width 3 with weights of 1e3: intervals grow to about 1e30."""
+    gen = torch.Generator().manual_seed(11)
+    layers: list[nn.Module] = []
+    for k in range(10):
+        w = (torch.rand(3, 3, generator=gen) * 1e3 + 5e2).tolist()
+        layers += [_linear(w, (torch.randn(3, generator=gen) * 1e2).tolist())]
+        if k < 9:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers, Shift([1e29, -1e29, 3.0]))
+
+
+def _thin_box() -> nn.Sequential:
+    """Meant for the 2-D box with one side of width 0 and one of 1e7 (`FLOAT_TRAPS`)."""
+    return nn.Sequential(_linear([[1.0, 1e-3], [-2.0, 3e-7], [1e5, -1.0]], [0.5, 0.0, -1e4]),
+                         nn.ReLU(), _linear([[1.0, -1.0, 1e-5]], [2.0]))  # fmt: skip
+
+
+def _products() -> nn.Sequential:
+    """Products and squares of wide intervals."""
+    return nn.Sequential(_linear([[1e4, 1.0], [1.0, -1e4], [3e3, 3e3], [-1.0, 1.0]], [1e3, 0.0, 7.0, 0.5]),
+                         Product(), Square(), Shift([1e14, 0.125]))  # fmt: skip
+
+
+# name -> (constructor, input box (lower, upper) as lists)
+FLOAT_TRAPS = {
+    "trap": (_trap, ([-1.0] * 4, [1.0] * 4)),
+    "huge_weights": (_huge_weights, ([-1.0, 0.0, -2.0, 0.5], [1.0, 0.5, 2.0, 0.75])),
+    "cancellations": (_cancellations, ([-1.0, -1.0], [1.0, 1.0])),
+    "deep_narrow": (_deep_narrow, ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])),
+    "thin_box": (_thin_box, ([0.25, -5e6], [0.25, 5e6])),
+    "products": (_products, ([-1.0, -1.0], [1.0, 1.0])),
+}
+
+
+def make_trap(name: str, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The float-trap net `name` in `dtype` (eval mode) and its box `[1, n]` twice."""
+    constructor, (low, high) = FLOAT_TRAPS[name]
+    net = constructor().to(dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net, torch.tensor([low], dtype=dtype), torch.tensor([high], dtype=dtype)

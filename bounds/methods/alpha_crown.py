@@ -186,12 +186,15 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
             index = p.targets[node.name]
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
             step = p.chunks[node.name]
-            low, up = bound_neurons(p.graph, node.name, index, p.box, lines_for, step, p.deadline)
+            low, up = bound_neurons(
+                p.graph, node.name, index, p.box, lines_for, step, p.deadline, intervals
+            )
             iv = scatter_bounds(iv, index, low, up, straight=True)
         intervals[node.name] = iv
     out = p.graph.output.name
     lines = _lines(p, intervals, lambda act: alphas[out, act])
-    result = backward_bound(p.graph, out, output_functional(p.graph, p.C), p.box, lines)
+    C = output_functional(p.graph, p.C)
+    result = backward_bound(p.graph, out, C, p.box, lines, intervals)
     tight = torch.maximum(result, interval_bound(p.C, intervals[out]))
     return straight_through(tight, result), intervals
 

@@ -125,7 +125,7 @@ def backward(
     slopes; `beta` None: zero."""
     act_coeffs: dict[str, Tensor] = {}
 
-    def relax(node, coeff: Tensor) -> tuple[Tensor, Tensor]:
+    def relax(node, coeff: Tensor) -> tuple[Tensor, Tensor, None]:
         act_coeffs[node.name] = coeff
         pre = node.inputs[0]
         iv, slopes = intervals[pre], None if alpha is None else alpha.get(node.name)
@@ -134,7 +134,7 @@ def backward(
         coeff, bias = relax_backward(coeff, lines)
         if beta is not None and node.name in beta:
             coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)
-        return coeff, bias
+        return coeff, bias, None  # rounding not tracked: branch and bound rechecks in float64
 
     A = C.reshape(*C.shape[:2], *graph.output.shape)
     total, input_coeff = backward_pass(graph, graph.output.name, A, box, relax)

@@ -27,6 +27,7 @@ from bounds.methods.patches import (
     unit_windows,
 )
 from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
+from bounds.rounding import error_bound, lower_minus, magnitude
 from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
@@ -43,7 +44,7 @@ DEADLINE_CHUNK = 32
 # to `[batch, specs, *shape]`, or with windows `[batch or 1, specs, C, Mh, Mw]` read at them.
 LinesFn = Callable[..., Lines]
 ChunkLinesFn = Callable[[int, int], LinesFn]  # (first neuron, count) of a chunk -> lines
-RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor]]  # see `backward_pass`
+RelaxFn = Callable[[Node, Tensor], tuple[Tensor, Tensor, Tensor | None]]  # see `backward_pass`
 
 
 PAIRING_MATVEC = 1 << 15  # elements of `A` from which a shared `t` pays as a matvec
@@ -60,15 +61,63 @@ def pairing(A: Tensor, t: Tensor) -> Tensor:
     return (A * t).flatten(2).sum(-1)
 
 
-def lower_over(A: Tensor, center: Tensor, radius: Tensor) -> Tensor:
-    """`min A . x` over the box `|x - center| <= radius` (broadcast against `A [batch, specs,
-    ...]`), shape `[batch, specs]`: `A . c - |A| . r`."""
-    return pairing(A, center) - pairing(A.abs(), radius)
+def lower_over(A: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """`min A . x` over the box `low <= x <= high` (broadcast against `A [batch, specs, ...]`),
+    shape `[batch, specs]`: `A+ . low + A- . high` from the endpoints (a centre and radius
+    would cancel), minus its proven rounding error (`bounds.rounding`), rounded down."""
+    pos, neg = A.clamp(min=0), A.clamp(max=0)
+    value = pairing(pos, low) + pairing(neg, high)
+    with torch.no_grad():
+        mag = pairing(pos.detach(), low.abs()) - pairing(neg.detach(), high.abs())
+        nonzero = pairing((pos != 0).to(A.dtype), (low != 0).to(A.dtype))
+        nonzero = nonzero + pairing((neg != 0).to(A.dtype), (high != 0).to(A.dtype))
+        # each non-zero term: one product, then at most `nonzero - 1` additions that are not of
+        # zeros (adding an exact zero does not round), and the parts' sum
+        err = error_bound(mag, nonzero + 1, nonzero)
+    return lower_minus(value, err)
 
 
 def concretize(A: Tensor, box: Interval) -> Tensor:
-    """`min_{x in box} A . x`, shape `[batch, specs]`."""
-    return lower_over(A, box.center.unsqueeze(1), box.radius.unsqueeze(1))
+    """`min_{x in box} A . x`, shape `[batch, specs]` (sound in floating point)."""
+    return lower_over(A, box.lower.unsqueeze(1), box.upper.unsqueeze(1))
+
+
+def output_interval(node: Node, intervals: dict[str, Interval]) -> Interval:
+    """The node's interval: as given, or (the start of a pass, not bounded yet) its op's
+    interval of its inputs' (sound either way)."""
+    if node.name in intervals:
+        return intervals[node.name]
+    return node.op.interval(*(intervals[i] for i in node.inputs))
+
+
+def add_rounding(total: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """`total + value` and the bound on that addition's rounding."""
+    new = total + value
+    return new, error_bound(new.detach().abs(), 1, 1)
+
+
+def relax_rounding(A: Tensor, new_A, lines: Lines, size_in, size_out: Tensor, ulps: int) -> Tensor:
+    """A proven bound `[batch, specs]` on the rounding of `relax_backward(A, lines)` and of the
+    lines themselves, as they enter a linear bound: the lines' formulas are within `ulps` ulps
+    of exact ones, `|line(x) - exact| <= ulps u (|s| |x| + |t| + |f(x)|)` (`bounds.rounding`),
+    the new functional is one rounding per element, and the intercepts' pairing a sum of `N`
+    terms. `size_in` / `size_out`: magnitudes of the activation's input(s) and output,
+    broadcastable to `A`."""
+    with torch.no_grad():
+        A = A.detach()
+        pos, neg = A.clamp(min=0), A.clamp(max=0)
+        parts = new_A if isinstance(new_A, tuple) else (new_A,)
+        sizes = size_in if isinstance(size_in, tuple) else (size_in,)
+        mag = pairing(A.abs(), size_out)
+        for part, size in zip(parts, sizes):
+            mag = mag + pairing(part.detach().abs(), size)
+        mag = (
+            mag
+            + pairing(pos, lines.lower_intercept.abs())
+            - pairing(neg, lines.upper_intercept.abs())
+        )
+        n = int(A[0, 0].numel())
+        return error_bound(mag, n + 2 + ulps, n)
 
 
 def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
@@ -99,16 +148,34 @@ def _map(fn, value):
     return tuple(fn(v) for v in value) if isinstance(value, tuple) else fn(value)
 
 
-def backward_bound(graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+def backward_bound(
+    graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn,
+    intervals: dict[str, Interval] | None = None,
+) -> Tensor:  # fmt: skip
     """Lower bound of `A . v_start` over the input box, `[batch, specs]`.
 
     `lines(act)` gives the activation's lines, broadcastable to `[batch, specs, *shape]`.
+    With the (sound) `intervals` of every node the pass reaches, the bound holds in floating
+    point: every step's rounding is bounded and subtracted (`backward_pass`).
     """
 
-    def relax(node: Node, coeff: Tensor) -> tuple[Tensor, Tensor]:
-        return relax_backward(coeff, lines(node.name))
+    def relax(node: Node, coeff: Tensor):
+        line = lines(node.name)
+        new, bias = relax_backward(coeff, line)
+        if intervals is None:
+            return new, bias, None
+        size_in = tuple(magnitude(intervals[i]).unsqueeze(1) for i in node.inputs)
+        ulps = node.op.rounding_ulps()
+        size_out = magnitude(output_interval(node, intervals)).unsqueeze(1)
+        return (
+            new,
+            bias,
+            relax_rounding(
+                coeff, new, line, size_in if len(size_in) > 1 else size_in[0], size_out, ulps
+            ),
+        )
 
-    return backward_pass(graph, start, A, box, relax)[0]
+    return backward_pass(graph, start, A, box, relax, intervals)[0]
 
 
 def _window_step(node: Node, w: Windows) -> bool:
@@ -155,25 +222,40 @@ def window_lines(line: LinearBounds, w: Windows, shape: tuple[int, ...]) -> Line
     return LinearBounds(*(read_windows(t, w, shape) for t in parts))
 
 
-def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+def patch_bound(
+    graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn,
+    intervals: dict[str, Interval] | None = None,
+) -> Tensor:  # fmt: skip
     """Lower bounds `[batch, 2k]` of `+e_j` then `-e_j` for the flat neurons `index` of the
     convolution `start`: `backward_bound` on `unit_functionals` (the same sums, in another
     order), with the functionals kept on windows (`bounds.methods.patches`) along
     `window_chain`, each activation's lines taken at the windows (`lines(act, windows)`), and
     concretised at the input box read at the windows; where the chain stops before the input,
-    the windows become the dense functional and `backward_bound` goes on from there."""
+    the windows become the dense functional and `backward_bound` goes on from there. With
+    `intervals`, sound in floating point as `backward_pass` is (each window step's rounding
+    bounded against the magnitudes read at the windows)."""
     batch = box.lower.shape[0]
     values = unit_values(index, graph[start].shape, batch, box.lower)
     total = values.new_zeros(values.shape[:2])
+    err = None if intervals is None else torch.zeros_like(total)
+
+    def at(t: Tensor, w: Windows, shape) -> Tensor:
+        return read_windows(t.unsqueeze(1), w, shape)
+
+    def finish(value: Tensor) -> Tensor:
+        result, added = add_rounding(total, value)
+        return result if err is None else lower_minus(result, err + added)
+
     for node, w in window_chain(graph, start, index):
         if node.op is None:
-            center = read_windows(box.center.unsqueeze(1), w, node.shape)
-            radius = read_windows(box.radius.unsqueeze(1), w, node.shape)
-            return total + lower_over(values, center, radius)
+            low, high = at(box.lower, w, node.shape), at(box.upper, w, node.shape)
+            return finish(lower_over(values, low, high))
         if not _window_step(node, w):
             dense = to_dense(values, w, node.shape)
-            return total + backward_bound(graph, node.name, dense, box, lines)
+            return finish(backward_bound(graph, node.name, dense, box, lines, intervals))
         if isinstance(node.op, ConvOp):
+            if err is not None:
+                err = err + _window_conv_rounding(node, values, w, intervals)
             bias = node.op.bias_term(values)
             grown = node.op.adjoint_window(values.flatten(0, 1))
             below = Windows(*node.op.window_below(w.rows, w.cols, w.size))
@@ -181,39 +263,99 @@ def patch_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: L
                 grown.reshape(*values.shape[:2], *grown.shape[1:]), below, node.op.in_shape
             )
         else:
-            values, bias = relax_backward(values, lines(node.name, w))
-        total = total + bias
+            line = lines(node.name, w)
+            new, bias = relax_backward(values, line)
+            if err is not None:
+                size_in = at(magnitude(intervals[node.inputs[0]]), w, node.shape)
+                size_out = at(magnitude(output_interval(node, intervals)), w, node.shape)
+                ulps = node.op.rounding_ulps()
+                err = err + relax_rounding(values, new, line, size_in, size_out, ulps)
+            values = new
+        total, added = add_rounding(total, bias)
+        err = None if err is None else err + added
     raise AssertionError("window_chain ends at the input or at a dense step")
 
 
+def _window_conv_rounding(node: Node, values: Tensor, w: Windows, intervals) -> Tensor:
+    """`ConvOp.backward_error` for functionals on windows `w` of the convolution's output:
+    `|L| m` and `|b|` read at the windows."""
+    op = node.op
+    with torch.no_grad():
+        absV = values.detach().abs()
+        spread = op.abs_linear(magnitude(intervals[node.inputs[0]]))
+        n = op.fan_out()
+        err = error_bound(pairing(absV, read_windows(spread.unsqueeze(1), w, node.shape)), n + 2, n)
+        if op.bias is not None:
+            full = torch.broadcast_to(op.bias_vector().abs(), node.shape).unsqueeze(0).unsqueeze(1)
+            m = int(values[0, 0].numel())
+            err = err + error_bound(pairing(absV, read_windows(full, w, node.shape)), m + 2, m)
+        return err
+
+
 def backward_pass(
-    graph: Graph, start: str, A: Tensor, box: Interval, relax: RelaxFn
-) -> tuple[Tensor, Tensor | None]:
+    graph: Graph, start: str, A: Tensor, box: Interval, relax: RelaxFn,
+    intervals: dict[str, Interval] | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The backward pass of `A . v_start` to the input: `(lower bound [batch, specs], the
     functional on the input [batch, specs, *input_shape] or None if it does not reach it)`.
     `relax(node, coeff)` replaces activation `node` seen with functional `coeff` on its output:
-    it returns the functional on the activation's input and the bias term `[batch, specs]`
-    (CROWN: `relax_backward`; beta-CROWN adds its split multipliers)."""
+    it returns the functional on the activation's input, the bias term `[batch, specs]` and a
+    bound on that step's rounding, or None (CROWN: `relax_backward` and `relax_rounding`;
+    beta-CROWN adds its split multipliers).
+
+    With `intervals` (sound intervals of every node the pass reaches), the bound holds in
+    floating point (`bounds.rounding`): the computed functionals are the multipliers, and each
+    step's deviation from the exact identity it stands for is bounded against the magnitudes of
+    the nodes' values (`BoundOp.backward_error`, `relax_rounding`, the merges of functionals
+    and the running sum), then subtracted, rounded down. A step whose rounding is unknown
+    (`relax` gives None) makes the bound -inf."""
     pending: dict[str, Tensor] = {start: A}
     total = A.new_zeros(A.shape[:2])
+    err = A.new_zeros(A.shape[:2]) if intervals is not None else None
+    sizes: dict[str, Tensor] = {}
+
+    def size(name: str) -> Tensor:
+        if name not in sizes:
+            sizes[name] = magnitude(intervals[name])
+        return sizes[name]
+
     input_coeff = None
     for node in reversed(graph.nodes):
         coeff = pending.pop(node.name, None)
         if coeff is None:
             continue
         if node.op is None:
-            total = total + concretize(coeff, box)
+            total, added = add_rounding(total, concretize(coeff, box))
+            err = None if err is None else err + added
             input_coeff = coeff
             continue
         if isinstance(node.op, ActivationOp):
-            coeff, bias = relax(node, coeff)
+            coeff, bias, step_err = relax(node, coeff)
             parts = coeff if isinstance(coeff, tuple) else (coeff,)
         else:
             bias = node.op.bias_term(coeff)
             parts = node.op.vjp(coeff)
-        total = total + bias
+            step_err = None
+            if err is not None:
+                with torch.no_grad():
+                    step_err = node.op.backward_error(
+                        coeff.detach(), [size(i) for i in node.inputs]
+                    )
+        total, added = add_rounding(total, bias)
+        if err is not None:
+            step_err = torch.full_like(err, torch.inf) if step_err is None else step_err
+            err = err + added + step_err
         for name, part in zip(node.inputs, parts):
-            pending[name] = pending[name] + part if name in pending else part
+            if name in pending:
+                pending[name] = pending[name] + part
+                if err is not None:
+                    with torch.no_grad():
+                        merged = pairing(pending[name].detach().abs(), size(name).unsqueeze(1))
+                        err = err + error_bound(merged, 1, 1)
+            else:
+                pending[name] = part
+    if err is not None:
+        total = lower_minus(total, err)
     return total, input_coeff
 
 
@@ -282,7 +424,10 @@ def bound_in_chunks(
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
 
 
-def _rows_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn) -> Tensor:
+def _rows_bound(
+    graph: Graph, start: str, index: Tensor, box: Interval, lines: LinesFn,
+    intervals: dict[str, Interval] | None = None,
+) -> Tensor:  # fmt: skip
     """`backward_bound` of `+e_j` then `-e_j` (`j` in `index`) on a fully connected layer
     `y = W x + b`, its first step taken as the rows `+-W_j` on its input and the bias `+-b_j`
     (no identity times `W`)."""
@@ -293,12 +438,17 @@ def _rows_bound(graph: Graph, start: str, index: Tensor, box: Interval, lines: L
     if op.bias is not None:
         b = op.bias.index_select(0, index)
         bias = torch.cat([b, -b]).unsqueeze(0)
-    return bias + backward_bound(graph, graph[start].inputs[0], A, box, lines)
+    below = backward_bound(graph, graph[start].inputs[0], A, box, lines, intervals)
+    if intervals is None:
+        return bias + below
+    total, err = add_rounding(bias, below)
+    return lower_minus(total, err)
 
 
 def bound_neurons(
     graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn,
     step: int | None = None, deadline: float | None = None,
+    intervals: dict[str, Interval] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
@@ -311,11 +461,11 @@ def bound_neurons(
     def lower_bound(part: Tensor, offset: int) -> Tensor:
         lines = lines_for(offset, part.numel())
         if isinstance(graph[node].op, ConvOp):
-            return patch_bound(graph, node, part, box, lines)
+            return patch_bound(graph, node, part, box, lines, intervals)
         if isinstance(graph[node].op, LinearOp):
-            return _rows_bound(graph, node, part, box, lines)
+            return _rows_bound(graph, node, part, box, lines, intervals)
         A = unit_functionals(part, shape, batch, box.lower)
-        return backward_bound(graph, node, A, box, lines)
+        return backward_bound(graph, node, A, box, lines, intervals)
 
     return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
 
@@ -424,7 +574,9 @@ def crown_intervals(
                 index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
             if index.numel():
                 lines_for = constant_lines(default_lines(graph, intervals))
-                low, up = bound_neurons(graph, node.name, index, box, lines_for, None, deadline)
+                low, up = bound_neurons(
+                    graph, node.name, index, box, lines_for, None, deadline, intervals
+                )
                 iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
     return intervals
@@ -449,6 +601,8 @@ def crown(
     if not passed(deadline):
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
-        result = torch.maximum(result, backward_bound(graph, graph.output.name, A, box, lines))
+        result = torch.maximum(
+            result, backward_bound(graph, graph.output.name, A, box, lines, intervals)
+        )
     lower, upper = split_output(result)
     return lower, upper, intervals

@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from bounds.ops.base import BoundOp
+from bounds.rounding import DEFAULT_ULPS, widen_ulps
 from bounds.types import Interval
 from relaxations.base import MultiRelaxation, Relaxation
 
@@ -22,8 +23,23 @@ class ActivationOp(BoundOp):
     def forward(self, xh: Tensor) -> Tensor:
         return self.relaxation.forward(xh)
 
+    def rounding_ulps(self) -> int:
+        """How far (in ulps) the relaxation's interval formulas may be from the exact function
+        values (`Relaxation.rounding_ulps`, default `bounds.rounding.DEFAULT_ULPS`)."""
+        return getattr(self.relaxation, "rounding_ulps", DEFAULT_ULPS)
+
+    def in_range(self, iv: Interval) -> Interval:
+        """`iv` clipped to the function's exact range (`Relaxation.output_range`, optional):
+        widening for rounding never needs to leave it."""
+        bounds = getattr(self.relaxation, "output_range", None)
+        if bounds is None:
+            return iv
+        return Interval(iv.lower.clamp(min=bounds[0]), iv.upper.clamp(max=bounds[1]))
+
     def interval(self, xh: Interval) -> Interval:
-        return Interval(*self.relaxation.interval(xh.lower, xh.upper))
+        """The relaxation's interval, each end widened by `rounding_ulps` (`bounds.rounding`)."""
+        iv = Interval(*self.relaxation.interval(xh.lower, xh.upper))
+        return self.in_range(widen_ulps(iv, self.rounding_ulps()))
 
     def relaxation_bounds(self, *inputs: Interval) -> tuple:
         """`(lower, upper)` as the relaxation takes them: tensors (one input), or tuples."""
@@ -41,7 +57,8 @@ class MultiActivationOp(ActivationOp):
         return self.relaxation.forward(*inputs)
 
     def interval(self, *inputs: Interval) -> Interval:
-        return Interval(*self.relaxation.interval(*self.relaxation_bounds(*inputs)))
+        iv = Interval(*self.relaxation.interval(*self.relaxation_bounds(*inputs)))
+        return self.in_range(widen_ulps(iv, self.rounding_ulps()))
 
     def relaxation_bounds(self, *inputs: Interval) -> tuple:
         return tuple(i.lower for i in inputs), tuple(i.upper for i in inputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from bounds.ops.base import BoundOp
+from bounds.rounding import error_bound, magnitude, widen
 from bounds.types import Interval
 
 
@@ -21,9 +22,16 @@ class SumOp(BoundOp):
         return sum(s * x for s, x in zip(self.signs, inputs))
 
     def interval(self, *inputs: Interval) -> Interval:
+        """From the endpoints, widened by the rounding of the `k - 1` additions
+        (`bounds.rounding`)."""
         lower = sum(x.lower if s > 0 else -x.upper for s, x in zip(self.signs, inputs))
         upper = sum(x.upper if s > 0 else -x.lower for s, x in zip(self.signs, inputs))
-        return Interval(lower, upper)
+        size = sum(magnitude(x) for x in inputs)
+        return widen(Interval(lower, upper), error_bound(size, len(inputs), len(inputs)))
+
+    def backward_error(self, A: Tensor, sizes: list[Tensor]) -> Tensor:
+        """Negations and copies: exact."""
+        return A.new_zeros(A.shape[:2])
 
     def vjp(self, A: Tensor) -> tuple[Tensor, ...]:
         return tuple(A if s > 0 else -A for s in self.signs)

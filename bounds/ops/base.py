@@ -12,7 +12,15 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from bounds.rounding import CONSTANT_ROUNDINGS, error_bound, lower_minus, magnitude, upper_plus
 from bounds.types import Interval
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class BoundOp(ABC):
@@ -33,6 +41,13 @@ class BoundOp(ABC):
 
     def bias_term(self, A: Tensor) -> Tensor:
         """`A . b`, shape `[batch, n_specs]`."""
+        raise NotImplementedError(f"{type(self).__name__} is not affine")
+
+    def backward_error(self, A: Tensor, sizes: list[Tensor]) -> Tensor:
+        """A proven bound `[batch, n_specs]` on the rounding error of `vjp(A)` and
+        `bias_term(A)` as they enter a linear bound, given the magnitudes `sizes` (`[batch,
+        *shape]`, one per input) of the inputs' values: `sum_i |vjp(A)_i - exact| . sizes_i +
+        |bias_term(A) - exact|` (`bounds.rounding`; affine ops only)."""
         raise NotImplementedError(f"{type(self).__name__} is not affine")
 
     def constants(self) -> tuple[Tensor, ...]:
@@ -76,12 +91,75 @@ class UnaryAffineOp(BoundOp):
         b = self.bias_vector()
         return y if b is None else y + b
 
+    # Pure data movement (reshapes, selections, padding, broadcasts): no arithmetic, so no
+    # rounding. Other ops round; see `bounds.rounding` for the error model.
+    exact: bool = False
+    # `sign_split` costs about what `linear` does (elementwise maps): each end's rounding is
+    # then bounded by its own terms (a huge upper end does not loosen a small lower one).
+    cheap_split: bool = False
+
+    def fan_in(self) -> int:
+        """The most non-zeros in a row of `L` (terms summed per output); default: all inputs."""
+        return numel(self.in_shape)
+
+    def fan_out(self) -> int:
+        """The most non-zeros in a column of `L` (terms the adjoint sums per input); default:
+        all outputs."""
+        return numel(self.out_shape)
+
+    def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor] | None:
+        """`(L+ low + L- high, L+ high + L- low)` (no bias), the interval from its endpoints, or
+        None where the op has no such form (then centre and radius, with its rounding error)."""
+        return None
+
     def interval(self, x: Interval) -> Interval:
+        """From the endpoints, widened by the proven rounding error (`bounds.rounding`):
+        `gamma_(n+4) (|L| m + |b|)`, `m = max(|l|, |u|)`, `n` = `fan_in`."""
+        b = self.bias_vector()
         if self.nonnegative:
-            return Interval(self.forward(x.lower), self.forward(x.upper))
-        center = self.forward(x.center)
-        radius = self.abs_linear(x.radius)
-        return Interval(center - radius, center + radius)
+            low, high = self.linear(x.lower), self.linear(x.upper)
+        else:
+            split = self.sign_split(x.lower, x.upper)
+            if split is None:  # L c - |L| r: the rounding of c and r is one more rounding each
+                center, radius = self.linear(x.center), self.abs_linear(x.radius)
+                split = (center - radius, center + radius)
+            low, high = split
+        if b is not None:
+            low, high = low + b, high + b
+        if self.exact:
+            return Interval(low, high)
+        if self.nonnegative:  # each end's own terms
+            mags = [self.linear(x.lower.abs()), self.linear(x.upper.abs())]
+        elif self.cheap_split:  # L+ |l| + |L-| |u| and L+ |u| + |L-| |l|
+            first, second = self.sign_split(x.lower.abs(), -x.upper.abs())
+            mags = [first, -second]
+        else:
+            mags = [self.abs_linear(magnitude(x))] * 2
+        if b is not None:
+            mags = [m + b.abs() for m in mags]
+        n, k = self.fan_in(), self.fan_in() + 4 + CONSTANT_ROUNDINGS
+        low = lower_minus(low, error_bound(mags[0], k, n))
+        return Interval(low, upper_plus(high, error_bound(mags[1], k, n)))
+
+    def backward_error(self, A: Tensor, sizes: list[Tensor]) -> Tensor:
+        """`gamma_(fan_out+2) |A| . (|L| m) + gamma_(N+2) |A| . |b|` (`N` = outputs summed by
+        `bias_term`); none for data movement."""
+        b = self.bias_vector()
+        sums = not self.exact or self.fan_out() > 1  # a data move's adjoint may add copies
+        if not sums and b is None:
+            return A.new_zeros(A.shape[:2])
+        absA = A.abs()
+        err = A.new_zeros(A.shape[:2])
+        if sums:
+            spread = self.abs_linear(sizes[0]).unsqueeze(1)
+            k = self.fan_out() + 2 + CONSTANT_ROUNDINGS
+            err = error_bound((absA * spread).flatten(2).sum(-1), k, self.fan_out())
+        if b is not None:
+            n = numel(self.out_shape)
+            full = torch.broadcast_to(b.abs(), self.out_shape)
+            k = n + 2 + CONSTANT_ROUNDINGS
+            err = err + error_bound((absA * full).flatten(2).sum(-1), k, n)
+        return err
 
     def vjp(self, A: Tensor) -> tuple[Tensor]:
         batch, specs = A.shape[:2]

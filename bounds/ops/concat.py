@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from bounds.ops.base import BoundOp
+from bounds.rounding import error_bound
 from bounds.types import Interval
 
 Part = int | Tensor  # the index of an activation input, or a constant block (per-sample shape)
@@ -66,6 +67,17 @@ class ConcatOp(BoundOp):
             if not isinstance(p, int):
                 total = total + (block * p).flatten(2).sum(-1)
         return total
+
+    def backward_error(self, A: Tensor, sizes: list[Tensor]) -> Tensor:
+        """The split is exact; `bias_term` sums the constant blocks' products."""
+        if all(isinstance(p, int) for p in self.parts):
+            return A.new_zeros(A.shape[:2])
+        mag = A.new_zeros(A.shape[:2])
+        for p, block in zip(self.parts, self._blocks(A.abs())):
+            if not isinstance(p, int):
+                mag = mag + (block * p.abs()).flatten(2).sum(-1)
+        n = int(A[0, 0].numel())
+        return error_bound(mag, n + 2, n)
 
     def constants(self) -> tuple[Tensor, ...]:
         return tuple(p for p in self.parts if not isinstance(p, int))

@@ -36,6 +36,11 @@ class ChannelBiasConv(UnaryAffineOp):
     def bias_vector(self) -> Tensor | None:
         return None if self.bias is None else self.bias.reshape(-1, 1, 1)
 
+    def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        pos, neg = self.weight.clamp(min=0), self.weight.clamp(max=0)
+        lo = self._apply(low, pos) + self._apply(high, neg)
+        return lo, self._apply(high, pos) + self._apply(low, neg)
+
     def bias_term(self, A: Tensor) -> Tensor:
         if self.bias is None:
             return A.new_zeros(A.shape[:2])
@@ -71,6 +76,13 @@ class ConvOp(ChannelBiasConv):
             - ((self.out_shape[1 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + 1)
             for i, k in enumerate((kh, kw))
         )
+
+    def fan_in(self) -> int:
+        return int(self.weight[0].numel())  # C_in / groups x kh x kw
+
+    def fan_out(self) -> int:
+        kh, kw = self.weight.shape[2:]
+        return int(self.weight.shape[0] // self.groups * kh * kw)
 
     def _apply(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.conv2d(x, weight, None, self.stride, self.padding, self.dilation, self.groups)

@@ -51,6 +51,13 @@ class ConvTransposeOp(ChannelBiasConv):
             raise ValueError(f"the padding {padding} leaves an empty output")
         self.out_shape = (weight.shape[1] * groups, *sizes)
 
+    def fan_in(self) -> int:  # weight [C_in, C_out / groups, kh, kw]
+        kh, kw = self.weight.shape[2:]
+        return int(self.weight.shape[0] // self.groups * kh * kw)
+
+    def fan_out(self) -> int:
+        return int(self.weight[0].numel())
+
     def _apply(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.conv_transpose2d(x, weight, None, self.stride, self.padding,
                                   self.output_padding, self.groups, self.dilation)  # fmt: skip

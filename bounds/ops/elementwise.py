@@ -28,6 +28,21 @@ class ElementwiseAffineOp(UnaryAffineOp):
     def adjoint(self, A: Tensor) -> Tensor:
         return self.linear(A)
 
+    cheap_split = True
+
+    def fan_in(self) -> int:
+        return 1
+
+    def fan_out(self) -> int:
+        return 1
+
+    def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        if self.scale is None:
+            return low, high
+        pos = self.scale >= 0
+        a, b = low * self.scale, high * self.scale
+        return torch.where(pos, a, b), torch.where(pos, b, a)
+
     def constants(self) -> tuple[Tensor, ...]:
         return tuple(t for t in (self.scale, self.shift) if t is not None)
 

@@ -16,6 +16,13 @@ class IndexOp(UnaryAffineOp):
     `[0, in_shape[axis])` (repeats allowed)."""
 
     nonnegative = True
+    exact = True  # data movement: no rounding
+
+    def fan_out(self) -> int:
+        """The most times one input element is selected (the adjoint adds the copies)."""
+        if self.index.numel() == 0:
+            return 1
+        return int(torch.bincount(self.index).max())
 
     def __init__(self, in_shape: tuple[int, ...], axis: int, index: Tensor | list[int]) -> None:
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1)

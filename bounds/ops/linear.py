@@ -29,6 +29,16 @@ class LinearOp(UnaryAffineOp):
     def adjoint(self, A: Tensor) -> Tensor:
         return A @ self.weight
 
+    def fan_in(self) -> int:
+        return int(self.weight.shape[1])
+
+    def fan_out(self) -> int:
+        return int(self.weight.shape[0])
+
+    def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        pos, neg = self.weight.clamp(min=0).T, self.weight.clamp(max=0).T
+        return low @ pos + high @ neg, high @ pos + low @ neg
+
     def bias_term(self, A: Tensor) -> Tensor:
         if self.bias is None:
             return A.new_zeros(A.shape[:2])

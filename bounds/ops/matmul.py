@@ -50,6 +50,17 @@ class MatMulOp(UnaryAffineOp):
     def bias_vector(self) -> Tensor | None:
         return self.bias
 
+    def fan_in(self) -> int:
+        return int(self.weight.shape[0] if self.right else self.weight.shape[1])
+
+    def fan_out(self) -> int:
+        return int(self.weight.shape[1] if self.right else self.weight.shape[0])
+
+    def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        pos, neg = self.weight.clamp(min=0), self.weight.clamp(max=0)
+        lo = self._apply(low, pos) + self._apply(high, neg)
+        return lo, self._apply(high, pos) + self._apply(low, neg)
+
     def adjoint(self, A: Tensor) -> Tensor:
         return A @ self.weight.T if self.right else self.weight.T @ A
 

@@ -19,6 +19,10 @@ class PadOp(UnaryAffineOp):
     negative width removes elements), new entries equal to `value`."""
 
     nonnegative = True
+    exact = True  # data movement: no rounding
+
+    def fan_out(self) -> int:
+        return 1
 
     def __init__(
         self,

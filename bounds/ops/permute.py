@@ -12,6 +12,10 @@ class PermuteOp(UnaryAffineOp):
     (axes count the per-sample dimensions; the batch stays first)."""
 
     nonnegative = True
+    exact = True  # data movement: no rounding
+
+    def fan_out(self) -> int:
+        return 1
 
     def __init__(self, in_shape: tuple[int, ...], perm: tuple[int, ...]) -> None:
         perm = tuple(int(p) for p in perm)

@@ -19,6 +19,7 @@ class ExpandOp(UnaryAffineOp):
     padded with leading 1s, then each size-1 axis is repeated)."""
 
     nonnegative = True
+    exact = True  # a broadcast copies (its adjoint sums: `fan_out`)
 
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
         if len(in_shape) > len(out_shape):
@@ -37,6 +38,12 @@ class ExpandOp(UnaryAffineOp):
 
     def bias_vector(self) -> Tensor | None:
         return None
+
+    def fan_in(self) -> int:
+        return 1
+
+    def fan_out(self) -> int:
+        return max(1, math.prod(self.out_shape) // max(1, math.prod(self.in_shape)))
 
     def adjoint(self, A: Tensor) -> Tensor:
         summed = A.sum(dim=self._repeated, keepdim=True) if self._repeated else A
@@ -72,6 +79,12 @@ class ReduceOp(UnaryAffineOp):
 
     def bias_vector(self) -> Tensor | None:
         return None
+
+    def fan_in(self) -> int:
+        return math.prod(self.in_shape[a] for a in self.axes) + 1  # the sum, then the mean's scale
+
+    def fan_out(self) -> int:
+        return 2  # a copy, times the mean's scale
 
     def adjoint(self, A: Tensor) -> Tensor:
         spread = A.reshape(A.shape[0], *self._kept).expand(A.shape[0], *self.in_shape)

@@ -11,6 +11,10 @@ class ReshapeOp(UnaryAffineOp):
     """`y = x.reshape(N, *out_shape)`, same number of elements."""
 
     nonnegative = True
+    exact = True  # data movement: no rounding
+
+    def fan_out(self) -> int:
+        return 1
 
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
         self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
