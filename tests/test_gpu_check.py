@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import gpu_check
 
@@ -49,3 +50,27 @@ def test_gpu_check_sh_copies_only_this_runs_tables(tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "gpu_check.txt"]
+
+
+def test_anderson_part_halves_its_batch_until_it_fits(monkeypatch):
+    """An out-of-memory error above `fits` domains: the part runs at 2 of the 8 asked and
+    reports it; where nothing fits, the error comes from batch 1."""
+    real, tried, fits = gpu_check._anderson_run, [], [2]
+
+    def limited(device, size, batch, method, seed=0):
+        tried.append(batch)
+        if batch > fits[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (emulated)")
+        return real(device, size, batch, method, seed)
+
+    monkeypatch.setattr(gpu_check, "_anderson_run", limited)
+    size = {**gpu_check.SMOKE, "batch": 8}
+    rows = gpu_check.anderson_steps(torch.device("cpu"), size)
+    assert [(r["batch"], r["batch_asked"]) for r in rows] == [(2, 8), (2, 8)]
+    assert all(r["ok"] for r in rows), rows
+    assert tried[:3] == [8, 4, 2]
+    tried.clear()
+    fits[0] = 0
+    with pytest.raises(torch.OutOfMemoryError):
+        gpu_check._fitting_run(torch.device("cpu"), size, 4, "sp-fw")
+    assert tried == [4, 2, 1]
