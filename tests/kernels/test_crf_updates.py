@@ -20,7 +20,7 @@ from kernels.crf_updates import (
     project_simplex,
     project_simplex_reference,
 )
-from tests.kernels import DTYPES, needs_triton
+from tests.kernels import DTYPES, cpu_generated, needs_triton
 
 # (..., M): one label, odd pixel counts, non-power-of-2 label counts, few labels (the
 # transposed softmax path), more than 128 labels (beyond the simplex kernel).
@@ -33,8 +33,15 @@ def _tol(dtype: torch.dtype) -> dict:
     )
 
 
+@cpu_generated
 def _randn(shape, dtype, seed, scale=3.0) -> torch.Tensor:
     return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@cpu_generated
+def _randint(high: int, shape, seed: int) -> torch.Tensor:
+    """Integers in [0, high): ties for the argmin and the sorting."""
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
 
 
 @needs_triton
@@ -54,7 +61,7 @@ def test_meanfield_normalise_kernel(shape, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_frank_wolfe_direction_kernel_with_ties(shape, dtype):
     """Integer-valued gradients make ties: both pick the first minimum (torch.argmin)."""
-    g = torch.randint(0, 3, shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    g = _randint(3, shape, seed=2).to(dtype)
     y = torch.rand(shape, dtype=dtype)
     out = frank_wolfe_direction(g, y, use_triton=True)
     vertex = torch.nn.functional.one_hot(g.argmin(-1), shape[-1]).to(dtype)
@@ -93,7 +100,7 @@ def _assert_is_projection(v: torch.Tensor, y: torch.Tensor, dtype) -> None:
 @pytest.mark.parametrize("shape", [*SHAPES[:-1], (4, 128)])
 def test_project_simplex_kernel(shape, dtype):
     v = _randn(shape, dtype, 3, scale=0.7)
-    ties = torch.randint(0, 4, shape, generator=torch.Generator().manual_seed(4)).to(dtype) / 3
+    ties = _randint(4, shape, seed=4).to(dtype) / 3
     for x in (v, ties, v.abs() / v.abs().sum(-1, keepdim=True)):  # random, tied, on the simplex
         out = project_simplex(x, use_triton=True)
         ref = project_simplex_reference(x)
@@ -143,13 +150,13 @@ def test_bad_arguments_raise(call):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_kernels_match_cpu_references(dtype):
     shape = (2, 5001, 21)
-    msg, unary, v = (_randn(shape, dtype, s) for s in range(3))
+    msg, unary, v = (_randn(shape, dtype, s, device="cpu") for s in range(3))
     out = meanfield_normalise(msg.cuda(), unary.cuda())  # auto: Triton on CUDA
     torch.testing.assert_close(out.cpu(), meanfield_normalise_reference(msg, unary), **_tol(dtype))
     torch.testing.assert_close(
         project_simplex(v.cuda()).cpu(), project_simplex_reference(v), **_tol(dtype)
     )
-    alpha = torch.rand(2, 1, 1, dtype=torch.float64)
+    alpha = torch.rand(2, 1, 1, dtype=torch.float64, device="cpu")
     gpu = frank_wolfe_update(*(t.cuda() for t in (msg, unary, v, msg)), alpha.cuda())
     for o, rf in zip(gpu, frank_wolfe_update(msg, unary, v, msg, alpha, use_triton=False)):
         torch.testing.assert_close(o.cpu(), rf, **_tol(dtype))

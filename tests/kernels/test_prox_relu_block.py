@@ -31,7 +31,7 @@ from kernels.prox_relu_block import (
     relu_argmin_reference,
 )
 from relaxations.relu import ReluRelaxation
-from tests.kernels import needs_triton
+from tests.kernels import cpu_generated, needs_triton
 from tests.model_zoo import make
 
 KINDS = ["mixed", "stable", "ambiguous", "degenerate", "ties"]
@@ -44,6 +44,7 @@ def _tol(dtype: torch.dtype) -> dict:
     )
 
 
+@cpu_generated
 def _bounds(kind: str, shape: tuple, gen: torch.Generator, dtype) -> tuple[torch.Tensor, ...]:
     """`(lower, upper)` of shape `shape` whose neurons are of the given kind."""
     r = lambda: torch.rand(shape, generator=gen, dtype=dtype)  # noqa: E731
@@ -74,6 +75,7 @@ def _layout(bound: torch.Tensor, layout: str, specs: int) -> torch.Tensor:
     return spec if layout == "spec1" else spec.expand(-1, specs, *bound.shape[1:]).contiguous()
 
 
+@cpu_generated
 def _oracle_inputs(batch, specs, shape, kind, layout, dtype, seed=0) -> tuple[torch.Tensor, ...]:
     """`(anchor_in, xhB, xhA_in, eta_in, g, lower, upper)`; integer-valued for "ties"."""
     gen = torch.Generator().manual_seed(seed)
@@ -98,8 +100,9 @@ SHAPES = [  # (B, S, layer j-1, layer j)
 ]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_reference_argmin_is_relu_relaxation_argmin(kind):
+@cpu_generated
+def _argmin_inputs(kind: str) -> tuple[torch.Tensor, ...]:
+    """`(a, g, lower, upper)` of one layer, 3 problems x 4 specs x 50 neurons."""
     gen = torch.Generator().manual_seed(1)
     shape = (3, 4, 50)
     lower, upper = _bounds(kind, (3, 1, 50), gen, torch.float64)
@@ -109,6 +112,12 @@ def test_reference_argmin_is_relu_relaxation_argmin(kind):
             torch.randn(shape, generator=gen).double(),
             torch.randn(shape, generator=gen).double(),
         )
+    return a, g, lower, upper
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_argmin_is_relu_relaxation_argmin(kind):
+    a, g, lower, upper = _argmin_inputs(kind)
     expected = ReluRelaxation().argmin(a, g, lower, upper)
     for got, want in zip(relu_argmin_reference(a, g, lower, upper), expected):
         assert torch.equal(got, want)
@@ -141,6 +150,14 @@ def test_update_kernels_equal_reference(batch, specs, shape_in, shape_out, dtype
         torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+@cpu_generated
+def _update_inputs(dtype) -> tuple[torch.Tensor, ...]:
+    """`(coeff, xhA, xhA_cg, eta)` of a 517-neuron layer, 2 problems x 2 specs."""
+    gen = torch.Generator().manual_seed(4)
+    coeff, xhA, xhA_cg = (torch.randn(2, 2, 517, generator=gen, dtype=dtype) for _ in range(3))
+    return coeff, xhA, xhA_cg, torch.rand(2, 2, generator=gen, dtype=dtype) + 0.5
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_several_chunks_per_problem(dtype):
@@ -150,9 +167,7 @@ def test_several_chunks_per_problem(dtype):
     got = prox_relu_oracle_triton(*args, block=128, chunk=256)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     torch.testing.assert_close(got[2:], ref[2:], **_tol(dtype))
-    gen = torch.Generator().manual_seed(4)
-    coeff, xhA, xhA_cg = (torch.randn(2, 2, 517, generator=gen, dtype=dtype) for _ in range(3))
-    eta = torch.rand(2, 2, generator=gen, dtype=dtype) + 0.5
+    coeff, xhA, xhA_cg, eta = _update_inputs(dtype)
     update_args = (coeff, xhA, xhA_cg, eta, args[1], ref[0], ref[2], ref[3])
     want = prox_block_update_reference(*update_args)
     got = prox_block_update_triton(*update_args, block=128, chunk=256)
@@ -175,15 +190,23 @@ def _segment_objective(gamma, block, coeff, eta_out, xhB_out, anchor_out, b):
     return value
 
 
+@cpu_generated
+def _line_search_inputs(last: bool) -> tuple[torch.Tensor | None, ...]:
+    """`(anchor_out, xhB_out, xhA, xhA_cg, eta_out, c)` of 3 problems x 2 specs x 6 neurons:
+    `eta_out` None for the last block, `c` (its objective) None for the others."""
+    gen = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    anchor_out, xhB_out, xhA, xhA_cg = r(3, 2, 6), r(3, 2, 6), r(3, 2, 6), r(3, 2, 6)
+    eta_out = None if last else torch.rand(3, 2, generator=gen).double() + 0.1
+    return anchor_out, xhB_out, xhA, xhA_cg, eta_out, r(3, 2, 6) if last else None
+
+
 @pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=needs_triton)])
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
 def test_step_is_the_exact_line_search(position, use_triton):
     """gamma minimises the block's convex quadratic on the segment [x, x_cg] (a theorem)."""
-    gen = torch.Generator().manual_seed(5)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    anchor_out, xhB_out, xhA, xhA_cg = r(3, 2, 6), r(3, 2, 6), r(3, 2, 6), r(3, 2, 6)
-    eta_out = None if position == "last" else torch.rand(3, 2, generator=gen).double() + 0.1
-    coeff = r(3, 2, 6) if eta_out is None else prox_neg_rho(anchor_out, xhB_out, xhA, eta_out)
+    anchor_out, xhB_out, xhA, xhA_cg, eta_out, c = _line_search_inputs(position == "last")
+    coeff = c if eta_out is None else prox_neg_rho(anchor_out, xhB_out, xhA, eta_out)
     kwargs, b = {}, None
     if position != "first":
         oracle_args = _oracle_inputs(3, 2, (15,), "mixed", "batch", torch.float64, seed=6)
@@ -231,20 +254,32 @@ def test_step_is_clipped(use_triton):
 
 def _solver_setup(name: str) -> tuple:
     """A zoo net's problem (B=2, S=3, float64), the solver's start near CROWN's duals, and
-    per-problem eta."""
-    net, shape = make(name, seed=2)
-    graph = verify.network_graph(net, shape)
+    per-problem eta, on the default device; the net, its graph and the random numbers are made
+    on the CPU (the same ones on every machine), then moved."""
+    device = torch.get_default_device()
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(2, *shape, generator=gen, dtype=torch.float64)
+    with torch.device("cpu"):
+        net, shape = make(name, seed=2)
+        graph = verify.network_graph(net, shape)
+        x = torch.rand(2, *shape, generator=gen, dtype=torch.float64)
+        C = torch.randn(2, 3, graph.output.shape[0], generator=gen, dtype=torch.float64)
+    graph, x, C = graph.to(torch.float64, device), x.to(device), C.to(device)
     box = Interval(x - 0.3, x + 0.3)
-    C = torch.randn(2, 3, graph.output.shape[0], generator=gen, dtype=torch.float64)
     _, _, intervals = crown(graph, box, C)
     problem = problem_from_intervals(decompose(graph), box, intervals, output_functional(graph, C))
     duals = initial_duals(problem)
-    noise = Duals(tuple(0.3 * torch.randn(r.shape, generator=gen, dtype=r.dtype) for r in duals.rho))  # fmt: skip
+    noise = Duals(tuple(0.3 * _cpu_randn(r.shape, gen, r.dtype, device) for r in duals.rho))
     state, scale = initial_state(problem, duals + noise)
-    eta = tuple(s * (torch.rand(s.shape, generator=gen, dtype=s.dtype) + 0.5) for s in scale)
+    eta = tuple(s * (_cpu_rand(s.shape, gen, s.dtype, device) + 0.5) for s in scale)
     return problem, state, eta
+
+
+def _cpu_randn(shape, gen: torch.Generator, dtype, device) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=dtype, device="cpu").to(device)
+
+
+def _cpu_rand(shape, gen: torch.Generator, dtype, device) -> torch.Tensor:
+    return torch.rand(shape, generator=gen, dtype=dtype, device="cpu").to(device)
 
 
 def _replace_block(problem, state: ProxState, j: int, new_b, new_a) -> ProxState:
@@ -288,8 +323,9 @@ def test_block_steps_equal_the_proximal_solver(name, use_triton):
 def test_solver_through_the_triton_kernels_equals_the_generic_solver():
     """The whole proximal solver with the kernel path forced (the interpreter on CPU)."""
     problem, _, _ = _solver_setup("mlp")
-    config = proximal.ProximalConfig(iterations=4, inner=2)
-    generic = proximal.solve(problem, config, initial_duals(problem))
+    config = proximal.ProximalConfig(iterations=4, inner=2, compile=False)  # the kernels only
+    with kernel_backend("reference"):  # (the default on CPU; on CUDA "auto" is Triton)
+        generic = proximal.solve(problem, config, initial_duals(problem))
     with kernel_backend("triton"):
         fused = proximal.solve(problem, config, initial_duals(problem))
     torch.testing.assert_close(fused.lower, generic.lower, rtol=1e-9, atol=1e-9)
@@ -349,6 +385,7 @@ def _step(args, use_triton: bool) -> tuple:
     return (*middle, single[0], single[2])
 
 
+@cpu_generated
 def _compile_inputs() -> tuple:
     oracle_args = _oracle_inputs(2, 3, (3, 4, 4), "mixed", "batch", torch.float32)
     gen = torch.Generator().manual_seed(7)
@@ -378,7 +415,9 @@ def test_ops_inside_inductor_fullgraph():
 
 @needs_triton
 def test_gpu_check_smoke():
-    rows = gpu_check_prox.run("cpu", smoke=True)
+    """The benchmark's smoke size on CUDA where there is one (real Triton), else on the CPU
+    (the interpreter: tests/conftest.py sets it only on machines without CUDA)."""
+    rows = gpu_check_prox.run("cuda" if torch.cuda.is_available() else "cpu", smoke=True)
     checks = [row for row in rows if "ok" in row]
     assert checks and all(row["ok"] for row in checks)
     assert {row["impl"] for row in rows if "ms" in row} >= {"reference", "triton"}
