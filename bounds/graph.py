@@ -58,6 +58,16 @@ class Graph:
         return self._index[name]
 
     @cached_property
+    def float64(self) -> Graph:
+        """This graph with its constants in float64 (itself when they already are), on their
+        device: where float32 networks' bounds are computed (`bounds.rounding`). Cached on the
+        graph, which we own."""
+        consts = [t for n in self.nodes[1:] for t in n.op.constants()]
+        if all(t.dtype == torch.float64 for t in consts):
+            return self
+        return self.to(torch.float64, consts[0].device)
+
+    @cached_property
     def _index(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 

@@ -44,7 +44,7 @@ class NoConfig:
 @dataclass(frozen=True)
 class Method:
     name: str
-    run: Callable[..., MethodResult]  # (graph, box, C, config, budget, given)
+    run: Callable[..., MethodResult]  # (graph, box, C, config, budget, given, exact)
     config_type: type
     description: str
 
@@ -71,20 +71,22 @@ def available_methods() -> list[str]:
 
 
 @register_method("ibp", NoConfig, "interval bound propagation")
-def _ibp(graph, box, C, config, budget, given) -> MethodResult:
-    return (*ibp(graph, box, C, given), {})
+def _ibp(graph, box, C, config, budget, given, exact=True) -> MethodResult:
+    return (*ibp(graph, box, C, given, exact), {})
 
 
 @register_method("crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds")
-def _crown(graph, box, C, config, budget, given) -> MethodResult:
-    return (*crown(graph, box, C, given, deadline=deadline_of(budget)), {})
+def _crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
+    return (*crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact), {})
 
 
 @register_method("alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)")
-def _alpha_crown(graph, box, C, config, budget, given) -> MethodResult:
+def _alpha_crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     deadline = deadline_of(budget)
-    base = crown_intervals(graph, box, given, deadline) if given else None
-    return alpha_crown(graph, box, C, config, budget, intervals=base, deadline=deadline)
+    base = crown_intervals(graph, box, given, deadline, exact=exact) if given else None
+    return alpha_crown(
+        graph, box, C, config, budget, intervals=base, deadline=deadline, exact=exact
+    )
 
 
 def _intervals(graph, box, C, config, given, deadline=None) -> dict[str, Interval]:
@@ -98,7 +100,7 @@ def _reference(solve):
     seconds budget, the solves left when it runs out keep the interval bound of the output
     (sound, looser); `stats['unsolved']` counts them."""
 
-    def run(graph, box, C, config, budget, given) -> MethodResult:
+    def run(graph, box, C, config, budget, given, exact=True) -> MethodResult:  # always exact
         start = time.monotonic()
         deadline = start + budget.seconds if budget is not None and budget.seconds else None
         intervals = _intervals(graph, box, C, config, given, deadline)
@@ -166,7 +168,7 @@ def _decomposition(solve_fn):
     alpha-CROWN's), then `solve_fn`. The result is never below its start (nor the output's
     interval bound); with `intermediate='alpha-crown'` never below alpha-CROWN's bound."""
 
-    def run(graph, box, C, config, budget, given) -> MethodResult:
+    def run(graph, box, C, config, budget, given, exact=True) -> MethodResult:  # always exact
         deadline = deadline_of(budget)  # the whole call, not only the solver, keeps the budget
         c = output_functional(graph, C)
         net = decompose(graph)
@@ -190,7 +192,7 @@ def _anderson(solve_fn):
     from the Big-M duals of the starting bound; never below it (nor the output's interval
     bound)."""
 
-    def run(graph, box, C, config, budget, given) -> MethodResult:
+    def run(graph, box, C, config, budget, given, exact=True) -> MethodResult:  # always exact
         deadline = deadline_of(budget)
         c = output_functional(graph, C)
         layers = anderson_layers(graph)  # a typed refusal before any bound is computed

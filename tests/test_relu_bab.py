@@ -172,9 +172,9 @@ def test_beta_crown_without_splits_is_crown():
     pres = graph.pre_activation_names()
     splits = {p: torch.zeros(1, *graph[p].shape, dtype=torch.int8) for p in pres}
     got = beta_crown.backward(graph, box, C, beta_crown.split_intervals(intervals, splits), splits)
-    # CROWN subtracts its proven rounding bound (bounds.rounding); beta-CROWN's pass does not
-    assert (got.lower >= want).all()
-    assert torch.allclose(got.lower, want, atol=1e-3)
+    # CROWN's is computed in float64 with its rounding bounded (bounds.rounding), beta-CROWN's
+    # in float32 without: equal up to float32 rounding
+    assert torch.allclose(got.lower, want, atol=1e-5)
 
 
 def test_fully_split_domain_is_exact_with_optimised_multipliers():

@@ -148,6 +148,7 @@ def bounds(
     node_bounds: dict[str, Any] | None = None,
     config: Any = None,
     compile: CompileMode = "auto",
+    exact: bool = True,
     **options: Any,
 ) -> Bounds:
     """Sound lower/upper bounds on `C @ net(x')` for every `x'` in the input region.
@@ -163,6 +164,10 @@ def bounds(
     for active neurons, `upper = 0` for inactive ones); every method intersects them in.
     `compile`: torch.compile the iterative methods' steps (True / False / "auto": on CUDA; see
     `bounds.compile`); ignored by the one-pass methods (ibp, crown, lp, milp).
+    `exact`: the bounds hold in floating point (`bounds.rounding`; the default). `exact=False`
+    gives ibp, crown and alpha-crown a faster path, in the network's dtype without the
+    backward passes' rounding accounted for: NOT sound in floating point (branch and bound
+    uses it to search, and rechecks every closing bound with `exact=True`).
 
     Returns `Bounds(lower [B, S], upper [B, S], intermediate, stats)`; `intermediate` maps each
     pre-activation node's name to its `Interval`.
@@ -183,7 +188,9 @@ def bounds(
     spec = output_spec(C, box.lower.shape[0], n_out, dtype, box.lower.device)
     given = _node_bounds(graph, node_bounds, box)
     with torch.no_grad():
-        low, up, intervals, stats = chosen.run(graph, box, spec, cfg, _budget(budget), given)
+        low, up, intervals, stats = chosen.run(
+            graph, box, spec, cfg, _budget(budget), given, exact
+        )
     if not (torch.isfinite(low).all() and torch.isfinite(up).all()):
         raise InvalidNetworkError("bounds are not finite: check the weights' magnitudes")
     pre = {name: intervals[name] for name in graph.pre_activation_names()}

@@ -52,7 +52,8 @@ from bounds.methods.crown import (
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.methods.patches import Windows, read_windows
 from bounds.optim import adam_ascent
-from bounds.types import Budget, Interval
+from bounds.rounding import in_float64, outward
+from bounds.types import Budget, Interval, rounded_down
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class _Problem:
     keys: tuple[tuple[str, str], ...]  # (start, activation) of each slope tensor
     chunks: dict[str, int]  # neurons per backward pass for each target (fixed outside compile)
     deadline: float | None = None  # time.monotonic(); None when the step is compiled
+    sound: bool = False  # track the passes' rounding (`bounds.rounding`): the final evaluation
 
     @property
     def out_index(self) -> tuple[int, ...]:
@@ -186,15 +188,16 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
             index = p.targets[node.name]
             lines_for = _chunk_lines(p, intervals, alphas, node.name)
             step = p.chunks[node.name]
+            tracked = intervals if p.sound else None
             low, up = bound_neurons(
-                p.graph, node.name, index, p.box, lines_for, step, p.deadline, intervals
+                p.graph, node.name, index, p.box, lines_for, step, p.deadline, tracked
             )
             iv = scatter_bounds(iv, index, low, up, straight=True)
         intervals[node.name] = iv
     out = p.graph.output.name
     lines = _lines(p, intervals, lambda act: alphas[out, act])
     C = output_functional(p.graph, p.C)
-    result = backward_bound(p.graph, out, C, p.box, lines, intervals)
+    result = backward_bound(p.graph, out, C, p.box, lines, intervals if p.sound else None)
     tight = torch.maximum(result, interval_bound(p.C, intervals[out]))
     return straight_through(tight, result), intervals
 
@@ -316,6 +319,7 @@ def alpha_crown(
     *,
     deadline: float | None = None,
     init_slopes: dict[str, Tensor] | None = None,
+    exact: bool = True,
 ) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:
     """Optimised-slope bounds on `C . y`: `(lower, upper, intervals, stats)`.
 
@@ -325,10 +329,18 @@ def alpha_crown(
     from (`{activation: [B, 2S, *shape]}`, e.g. a previous run's `best_slopes`; with 0
     iterations the bound at exactly those slopes). `stats['final_slopes']` maps each activation
     to its last output slopes `[B, 2S, *shape]` (specs `C` then `-C`), `stats['best_slopes']`
-    to the slopes of each spec's best bound."""
+    to the slopes of each spec's best bound.
+
+    The optimisation's passes do not track their rounding; the result is one more pass with
+    tracked rounding (`_sound_pass`, float64). `exact=False`: the iterations' own best bounds
+    and intervals instead (faster; not sound in floating point)."""
     start_time = time.perf_counter()
     stop_at = deadline_of(budget, deadline)
-    base = intervals if intervals is not None else crown_intervals(graph, box, deadline=stop_at)
+    base = (
+        intervals
+        if intervals is not None
+        else crown_intervals(graph, box, deadline=stop_at, exact=exact)
+    )
     targets = {}
     if config.optimize_intermediate and not passed(stop_at):  # past it: the output's slopes only
         for name in needs_crown(graph):
@@ -368,15 +380,40 @@ def alpha_crown(
             if _stalled(total, last_check, config.tolerance):
                 break
             last_check = total
-    lower, upper = split_output(state.best)
     out = graph.output.name
     final = dict(zip(problem.keys, evaluated))
     slopes = {act: final[out, act] for act in _activations_before(graph, out)}
     best_slopes = {problem.keys[i][1]: t for i, t in zip(problem.out_index, state.best_slopes)}
-    names = [n.name for n in graph.nodes]
-    best_intervals = {
-        n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)
-    }
     stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
     stats["best_slopes"] = best_slopes
-    return lower, upper, best_intervals, stats
+    if not exact:
+        names = [n.name for n in graph.nodes]
+        best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
+        return *split_output(state.best), best, stats
+    result, sound_intervals = _sound_pass(problem, final, state)
+    lower, upper = split_output(result)
+    stats["unsound_best"] = state.best.detach()  # the iterations' own (untracked) bounds
+    return lower, upper, sound_intervals, stats
+
+
+def _sound_pass(
+    p: _Problem, final: dict, state: AlphaState
+) -> tuple[Tensor, dict[str, Interval]]:
+    """The bounds `[B, 2S]` and intervals that hold in floating point (`bounds.rounding`): one
+    pass with tracked rounding, in float64 (`Graph.float64`) and rounded outward, at the best
+    output slopes of each spec and the last intermediate slopes. (The optimisation's passes
+    do not track their rounding: that would cost each iteration a float64 pass.)"""
+    dtype = p.box.lower.dtype
+    alphas = dict(final)
+    for i, best in zip(p.out_index, state.best_slopes):
+        alphas[p.keys[i]] = best
+    with torch.no_grad():
+        problem = _Problem(
+            p.graph.float64, in_float64(p.box), p.C.double(),
+            {k: in_float64(iv) for k, iv in p.base.items()}, p.targets, p.keys, p.chunks,
+            p.deadline, sound=True,
+        )  # fmt: skip
+        result, intervals = _pass(problem, {k: a.detach().double() for k, a in alphas.items()})
+    result = rounded_down(result, dtype)
+    sound = {k: outward(iv, dtype).intersect(p.base[k]) for k, iv in intervals.items()}
+    return result, sound

@@ -27,8 +27,8 @@ from bounds.methods.patches import (
     unit_windows,
 )
 from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
-from bounds.rounding import error_bound, lower_minus, magnitude
-from bounds.types import Interval
+from bounds.rounding import error_bound, in_float64, lower_minus, magnitude, outward
+from bounds.types import Interval, rounded_down, rounded_up
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
 
@@ -69,10 +69,9 @@ def lower_over(A: Tensor, low: Tensor, high: Tensor) -> Tensor:
     value = pairing(pos, low) + pairing(neg, high)
     with torch.no_grad():
         mag = pairing(pos.detach(), low.abs()) - pairing(neg.detach(), high.abs())
-        nonzero = pairing((pos != 0).to(A.dtype), (low != 0).to(A.dtype))
-        nonzero = nonzero + pairing((neg != 0).to(A.dtype), (high != 0).to(A.dtype))
         # each non-zero term: one product, then at most `nonzero - 1` additions that are not of
         # zeros (adding an exact zero does not round), and the parts' sum
+        nonzero = (A.detach() != 0).flatten(2).sum(-1) if A.dim() > 2 else (A.detach() != 0).long()
         err = error_bound(mag, nonzero + 1, nonzero)
     return lower_minus(value, err)
 
@@ -550,6 +549,7 @@ def crown_intervals(
     given: dict[str, Interval] | None = None,
     deadline: float | None = None,
     every_neuron: bool = False,
+    exact: bool = True,
 ) -> dict[str, Interval]:
     """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
     and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
@@ -560,7 +560,16 @@ def crown_intervals(
     A neuron ambiguous in any batch element is bounded by CROWN in all of them, which can
     tighten an element's (stable) neuron and so its later layers: a box's bounds depend a
     little on its batch. `every_neuron`: bound every neuron of those nodes by CROWN (at least
-    as tight for each box as any batch gives it; used to re-check a batch's bounds)."""
+    as tight for each box as any batch gives it; used to re-check a batch's bounds).
+
+    Sound in floating point (`bounds.rounding`): a float32 network's intervals are computed in
+    float64 (`Graph.float64`) and rounded outward. `exact=False`: in the network's dtype, the
+    backward passes' rounding not accounted for (faster; not sound in floating point: for
+    searches whose closing bounds are rechecked exactly)."""
+    if exact and box.lower.dtype != torch.float64:
+        given64 = {k: in_float64(iv) for k, iv in (given or {}).items()}
+        found = crown_intervals(graph.float64, in_float64(box), given64, deadline, every_neuron)
+        return {k: outward(iv, box.lower.dtype) for k, iv in found.items()}
     intervals: dict[str, Interval] = {graph.input.name: box}
     targets = set(needs_crown(graph))
     given = given or {}
@@ -574,8 +583,9 @@ def crown_intervals(
                 index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
             if index.numel():
                 lines_for = constant_lines(default_lines(graph, intervals))
+                tracked = intervals if exact else None
                 low, up = bound_neurons(
-                    graph, node.name, index, box, lines_for, None, deadline, intervals
+                    graph, node.name, index, box, lines_for, None, deadline, tracked
                 )
                 iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
@@ -590,19 +600,28 @@ def interval_bound(C: Tensor, output: Interval) -> Tensor:
 
 def crown(
     graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None,
-    every_neuron: bool = False, deadline: float | None = None,
+    every_neuron: bool = False, deadline: float | None = None, exact: bool = True,
 ) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
     """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`
     (`every_neuron`, `deadline`: see `crown_intervals`; past the deadline the neurons left keep
     their IBP intervals, and if it has passed before the output's backward pass, the output's
-    interval gives the bounds: a pass through a large network can take seconds)."""
-    intervals = crown_intervals(graph, box, given, deadline, every_neuron)
+    interval gives the bounds: a pass through a large network can take seconds). A float32
+    network's bounds are computed in float64 and rounded outward (`bounds.rounding`);
+    `exact=False`: see `crown_intervals`."""
+    if exact and box.lower.dtype != torch.float64:
+        given64 = {k: in_float64(iv) for k, iv in (given or {}).items()}
+        low, up, found = crown(graph.float64, in_float64(box), C.double(), given64, every_neuron, deadline)
+        dtype = box.lower.dtype
+        intervals = {k: outward(iv, dtype) for k, iv in found.items()}
+        return rounded_down(low, dtype), rounded_up(up, dtype), intervals
+    intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact)
     result = interval_bound(C, intervals[graph.output.name])
     if not passed(deadline):
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
+        tracked = intervals if exact else None
         result = torch.maximum(
-            result, backward_bound(graph, graph.output.name, A, box, lines, intervals)
+            result, backward_bound(graph, graph.output.name, A, box, lines, tracked)
         )
     lower, upper = split_output(result)
     return lower, upper, intervals

@@ -8,6 +8,7 @@ An affine op computes `y = L(x_1, ..., x_k) + b` with `L` linear. For a function
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -97,6 +98,12 @@ class UnaryAffineOp(BoundOp):
     # `sign_split` costs about what `linear` does (elementwise maps): each end's rounding is
     # then bounded by its own terms (a huge upper end does not loosen a small lower one).
     cheap_split: bool = False
+
+    @cached_property
+    def weight_parts(self) -> tuple[Tensor, Tensor, Tensor]:
+        """`(|W|, W+, W-)` of an op with a `weight` (Linear, Conv, MatMul), computed once."""
+        w = self.weight
+        return w.abs(), w.clamp(min=0), w.clamp(max=0)
 
     def fan_in(self) -> int:
         """The most non-zeros in a row of `L` (terms summed per output); default: all inputs."""

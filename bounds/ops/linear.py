@@ -21,7 +21,7 @@ class LinearOp(UnaryAffineOp):
         return x @ self.weight.T
 
     def abs_linear(self, x: Tensor) -> Tensor:
-        return x @ self.weight.abs().T
+        return x @ self.weight_parts[0].T
 
     def bias_vector(self) -> Tensor | None:
         return self.bias
@@ -36,7 +36,8 @@ class LinearOp(UnaryAffineOp):
         return int(self.weight.shape[0])
 
     def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
-        pos, neg = self.weight.clamp(min=0).T, self.weight.clamp(max=0).T
+        _, pos, neg = self.weight_parts
+        pos, neg = pos.T, neg.T
         return low @ pos + high @ neg, high @ pos + low @ neg
 
     def bias_term(self, A: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ class MatMulOp(UnaryAffineOp):
         return self._apply(x, self.weight)
 
     def abs_linear(self, x: Tensor) -> Tensor:
-        return self._apply(x, self.weight.abs())
+        return self._apply(x, self.weight_parts[0])
 
     def bias_vector(self) -> Tensor | None:
         return self.bias
@@ -57,7 +57,7 @@ class MatMulOp(UnaryAffineOp):
         return int(self.weight.shape[1] if self.right else self.weight.shape[0])
 
     def sign_split(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
-        pos, neg = self.weight.clamp(min=0), self.weight.clamp(max=0)
+        _, pos, neg = self.weight_parts
         lo = self._apply(low, pos) + self._apply(high, neg)
         return lo, self._apply(high, pos) + self._apply(low, neg)
 

@@ -133,6 +133,7 @@ class InputBounder:
             upper=upper.reshape(-1, *self.shape),
             C=self.spec.C,
             method=method,
+            exact=False,  # a search bound: every closing one is rechecked exactly (`confirm`)
             **options,
         )
         self.stats["batches"] += 1
