@@ -23,9 +23,15 @@ from bounds.types import Interval
 from relaxations import ExpRelaxation, ReluRelaxation, SigmoidRelaxation, TanhRelaxation
 from tests.model_zoo import FLOAT_TRAPS, Cancel, Product, Shift, Square, make_trap
 
-mpmath.mp.dps = 200
 METHODS = ("ibp", "crown", "alpha-crown")
 DTYPES = (torch.float32, torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _precise():
+    """200 digits for every exact value here (other tests change mpmath's global precision)."""
+    with mpmath.workdps(200):
+        yield
 
 
 def mp_vector(t: torch.Tensor) -> list:
