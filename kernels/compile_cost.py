@@ -44,6 +44,13 @@ COMPILE_PRIOR_S: dict[str, dict[str, float]] = {
         "bounds.dual.proximal.sweep_step": 10.9,
         "bounds.dual.supergradient.ascent_step": 10.5,
         "bounds.methods.alpha_crown.alpha_step": 17.3,
+        # the dense-CRF steps: gpu_check_h200_2026-12-04.txt, `first_s` of the compiled mode
+        # (512 x 512, 21 labels; one run, after the process's other compiles)
+        "crf.solvers.meanfield.step": 1.3,
+        "crf.solvers.qp_frank_wolfe.fw_step": 2.1,
+        "crf.solvers.dc_neg.dc_step": 2.0,
+        "crf.solvers.lp_proximal.dual_pass": 9.3,
+        "crf.solvers.lp_proximal.primal_step": 0.4,
     },
     # benchmarks/results/compile_bench.txt (`cold_s`, one thread, empty Inductor cache; the
     # larger of ACAS Xu and mnist_fc).
@@ -52,6 +59,12 @@ COMPILE_PRIOR_S: dict[str, dict[str, float]] = {
         "bounds.dual.proximal.anchor_step": 15.5,
         "bounds.dual.supergradient.ascent_step": 15.6,
         "bounds.methods.alpha_crown.alpha_step": 35.6,
+        # the dense-CRF steps (256 x 256, 21 labels)
+        "crf.solvers.meanfield.step": 9.8,
+        "crf.solvers.qp_frank_wolfe.fw_step": 8.2,
+        "crf.solvers.dc_neg.dc_step": 7.9,
+        "crf.solvers.lp_proximal.dual_pass": 20.9,
+        "crf.solvers.lp_proximal.primal_step": 4.1,
     },
 }
 # The first compile of a process also imports Inductor: compile_bench.txt's `startup_s` (12.0 s
