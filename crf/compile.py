@@ -44,7 +44,9 @@ def should_compile(mode: CompileMode, device: torch.device, cpu_default: bool = 
     return _should_compile(mode, device, cpu_default, ConfigError)
 
 
-def step_function(step: Callable, use_compiled: bool) -> Callable:
+def step_function(step: Callable, use_compiled: bool, deadline: float | None = None) -> Callable:
     """``step`` itself or its compiled wrapper (shared cache and eager fallback on a failed
-    compile: :func:`kernels.compile.step_function`; CRF states have no batch dimension)."""
-    return _step_function(step, use_compiled, dynamic_batch=False)
+    compile: :func:`kernels.compile.step_function`; CRF states have no batch dimension). A
+    call that would compile runs eagerly when the compile is predicted to end past
+    ``deadline`` (``time.monotonic()``; the solver's seconds budget)."""
+    return _step_function(step, use_compiled, dynamic_batch=False, deadline=deadline)

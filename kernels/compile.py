@@ -16,15 +16,21 @@ Dynamo error) warns once and runs eagerly from then on: compiling is never a rea
 `compile="auto"` compiles on CUDA, and on CPU only the steps whose measured CPU speed-up is
 positive (`benchmarks/compile_bench.py`): Inductor's C++ code pays on elementwise-heavy steps,
 not on matmul-bound ones, and a cold compile costs seconds.
+
+A solver passes its deadline to `step_function`: a call that would compile runs eagerly when
+the compile is predicted to end past it (`kernels.compile_cost`), so that a limit holds.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from kernels import compile_cost
 
 CompileMode = bool | str
 
@@ -94,38 +100,80 @@ def _tensors(tree: Any):
             yield from _tensors(item)
 
 
-def step_function(step: Callable, use_compiled: bool, dynamic_batch: bool = True) -> Callable:
+def step_function(
+    step: Callable, use_compiled: bool, dynamic_batch: bool = True, deadline: float | None = None
+) -> Callable:
     """`step` itself, or its compiled wrapper (eager fallback on a failed compile); with
     `dynamic_batch` the returned state has its batch dimension (0) marked dynamic again
     (outputs of a compiled call carry no marks, and the next step would otherwise specialise
-    on the batch size)."""
+    on the batch size). `deadline` (`time.monotonic()`; None or inf: none): a call that would
+    compile runs eagerly instead when the compile is predicted to end past it
+    (`kernels.compile_cost`): a first compile takes seconds, and no limit may be passed."""
     if not use_compiled:
         return step
-    fn = compiled(step)
+    return CompiledStep(step, dynamic_batch, deadline)
 
-    def fallback(reason: str, args: tuple, kwargs: dict):
-        _FAILED.add(step)
-        warnings.warn(
-            f"torch.compile of {step.__name__} failed ({reason}); running it eagerly from now "
-            "on in this process",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return step(*args, **kwargs)
 
-    def run(*args, **kwargs):
-        if step in _FAILED:
-            return step(*args, **kwargs)
+class CompiledStep:
+    """A step run through its compiled wrapper, or eagerly: after a failed compile, and for
+    a call that would compile with less time left before `deadline` than the compile is
+    predicted to take (`eager_calls` counts those)."""
+
+    def __init__(self, step: Callable, dynamic_batch: bool, deadline: float | None) -> None:
+        self.step, self.dynamic_batch, self.deadline = step, dynamic_batch, deadline
+        self.eager_calls = 0
+        self._fn: Callable | None = None  # made at the first compiled call (0.9 s, measured
+        # here for the first torch.compile of a process): not made for eager calls
+        self._memo: dict[int, tuple] = {}  # signatures of the objects of this solver call
+        self._device: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.step in _FAILED:
+            return self.step(*args, **kwargs)
+        rec = compile_cost.record(self.step, BACKEND)
+        if not self._may_compile(rec, args, kwargs):
+            self.eager_calls += 1
+            return self.step(*args, **kwargs)
+        if self._fn is None:
+            self._fn = compiled(self.step)
+        graphs, tick = compile_cost.graphs_compiled(), time.monotonic()
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                out = fn(*args, **kwargs)
+                out = self._fn(*args, **kwargs)
         except _COMPILE_ERRORS as error:
             cause = (str(error).strip().splitlines() or [""])[0][:300]
-            return fallback(f"{type(error).__name__}: {cause}", args, kwargs)
+            return self._fallback(f"{type(error).__name__}: {cause}", args, kwargs)
+        if compile_cost.graphs_compiled() > graphs:
+            signature = lambda exact: self._signature(args, kwargs, exact)  # noqa: E731
+            compile_cost.note_compile(rec, signature, time.monotonic() - tick)
         if _malformed(out):
-            return fallback("it returned a malformed NamedTuple", args, kwargs)
-        if dynamic_batch:
+            return self._fallback("it returned a malformed NamedTuple", args, kwargs)
+        if self.dynamic_batch:
             mark_batch_dynamic(out)
         return out
 
-    return run
+    def _may_compile(self, rec: compile_cost.StepRecord, args: tuple, kwargs: dict) -> bool:
+        """Whether the compiled wrapper may be called: always without a deadline or with more
+        time left than a compile is predicted to take; otherwise only for a signature this
+        process has compiled (no compile then). Host clock only, no device sync."""
+        if self.deadline is None:
+            return True
+        if self._device is None:
+            self._device = compile_cost.device_type((args, kwargs)) or "cpu"
+        left = self.deadline - time.monotonic()
+        if left >= compile_cost.predicted_seconds(self.step, BACKEND, self._device):
+            return True
+        return self._signature(args, kwargs, rec.exact) in rec.ready
+
+    def _signature(self, args: tuple, kwargs: dict, exact: bool):
+        return compile_cost.call_signature(args, kwargs, exact, self._memo)
+
+    def _fallback(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        _FAILED.add(self.step)
+        warnings.warn(
+            f"torch.compile of {self.step.__name__} failed ({reason}); running it eagerly from "
+            "now on in this process",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return self.step(*args, **kwargs)

@@ -74,3 +74,18 @@ def test_anderson_part_halves_its_batch_until_it_fits(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):
         gpu_check._fitting_run(torch.device("cpu"), size, 4, "sp-fw")
     assert tried == [4, 2, 1]
+
+
+def test_steps_part_judges_a_compiled_output_by_the_eager_one():
+    """Same structure and values: 0; a state that lost items (the 2026-11-30 compiled sweep):
+    inf, so the row is not ok and its timing is not taken."""
+    from bounds.dual.proximal import ProxState
+
+    t = (torch.ones(2, 3),)
+    state = ProxState(t, t, t, t, torch.zeros(2), t)
+    assert gpu_check.output_difference(state, state) == 0.0
+    assert gpu_check.output_difference(state._replace(best_value=torch.ones(2)), state) == 1.0
+    broken = tuple.__new__(ProxState, tuple(state)[:2])
+    assert gpu_check.output_difference(broken, state) == float("inf")
+    inf = torch.full((2,), float("inf"))
+    assert gpu_check.output_difference((inf,), (inf,)) == 0.0  # alpha-CROWN's unbounded ends

@@ -384,7 +384,7 @@ def solve(
     recent = [0] * H  # cuts added by the last round, per layer (never pruned at the next)
     clock.pace(reserve=3 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
-    step = step_function(as_step, use)
+    step = step_function(as_step, use, deadline=clock.loop_deadline())
     done = 0
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)

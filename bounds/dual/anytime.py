@@ -96,6 +96,13 @@ class Clock:
         """Start pacing now, keeping `reserve` seconds after the loop."""
         self.pacer = Pacer(self.deadline, reserve)
 
+    def loop_deadline(self) -> float | None:
+        """The deadline less the reserve kept after the loop (the steps' own deadline, e.g.
+        for a compile: `step_function`); None without a deadline."""
+        if self.deadline is None:
+            return None
+        return self.deadline - (self.pacer.reserve if self.pacer is not None else 0.0)
+
     def checkpoint(self, it: int, best: Best) -> bool:
         """Record the trajectory every `check_every` iterations; True when the time is up."""
         if not (it + 1) % self.check_every:

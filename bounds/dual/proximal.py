@@ -338,7 +338,10 @@ def solve(
     state, scale = initial_state(problem, init)
     clock.pace(reserve=3 * (time.monotonic() - tick))  # the final float64 evaluation
     use = should_compile(config.compile, problem.c.device, cpu_default=False)
-    steps = {"sweep": step_function(sweep_step, use), "anchor": step_function(anchor_step, use)}
+    steps = {
+        "sweep": step_function(sweep_step, use, deadline=clock.loop_deadline()),
+        "anchor": step_function(anchor_step, use, deadline=clock.loop_deadline()),
+    }
     if use:
         mark_batch_dynamic((problem_tensors(problem), state, scale))
     k = 0

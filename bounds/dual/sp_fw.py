@@ -407,7 +407,7 @@ def solve(
     )  # fmt: skip
     clock.pace(reserve=2 * (time.monotonic() - tick))
     use = should_compile(config.compile, p.c.device, cpu_default=False)
-    step = step_function(sp_fw_step, use)
+    step = step_function(sp_fw_step, use, deadline=clock.loop_deadline())
     done = 0
     for it in range(clock.iterations):
         state = step(work, rows, state, config.gamma_start, config.chunk)

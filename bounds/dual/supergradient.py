@@ -92,7 +92,7 @@ def solve(
     state = initial_state(problem, init)
     clock.pace(reserve=3 * (time.monotonic() - tick))  # the final float64 evaluation
     use = should_compile(config.compile, problem.c.device, cpu_default=False)
-    step_fn = step_function(ascent_step, use)
+    step_fn = step_function(ascent_step, use, deadline=clock.loop_deadline())
     if use:
         mark_batch_dynamic((problem_tensors(problem), state))
     it = 0

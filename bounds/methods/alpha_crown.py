@@ -360,7 +360,7 @@ def alpha_crown(
     state = _initial_state(problem, alphas)
     if not alphas:  # nothing to optimise (no ambiguous neuron): one bound pass
         iterations = 0
-    step = step_function(alpha_step, use)
+    step = step_function(alpha_step, use, deadline=stop_at)  # no compile past the deadline
     if use:
         base_tensors = [(iv.lower, iv.upper) for iv in base.values()]
         mark_batch_dynamic((box.lower, box.upper, C, base_tensors, state))

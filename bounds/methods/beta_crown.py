@@ -280,7 +280,7 @@ def optimise(
     lrs = (as_tensor(config.lr_alpha),) * len(alpha) + (as_tensor(config.lr_beta),) * len(beta)
     last_check, it, pacer = None, 0, Pacer(deadline)
     use = should_compile(config.compile, C.device) and config.iterations > 0 and bool(params)
-    step = step_function(beta_step, use)
+    step = step_function(beta_step, use, deadline=deadline)  # no compile past the deadline
     if use:
         bounds_ = [x for iv in intervals.values() for x in (iv.lower, iv.upper)]
         mark_batch_dynamic((C, box.lower, box.upper, state, bounds_, list(splits.values())))

@@ -85,6 +85,13 @@ class Budget:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def deadline(self) -> float | None:
+        """The end of the seconds budget as a `time.monotonic()` instant (None without one),
+        for `step_function`: a step whose compile would end past it runs eagerly."""
+        if self.seconds is None:
+            return None
+        return time.monotonic() + self.seconds - self.elapsed()
+
     def out_of_time(self) -> bool:
         """True once the seconds budget is spent (reads the clock; no device sync)."""
         return self.seconds is not None and self.elapsed() >= self.seconds

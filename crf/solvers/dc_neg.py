@@ -86,7 +86,7 @@ def dc_neg(model: CRFModel, init: torch.Tensor | None, config: DCNegConfig) -> S
     const = (model.row_sums - model.self_weight).double().sum((1, 2))
     best = BestLabelling(model)
     best.update(y)
-    step = step_function(dc_step, config.compile)
+    step = step_function(dc_step, config.compile, budget.deadline())
     ky = model.filter(y)
     energy = _relaxed(model, y, ky, const)  # energy of the current y, from the same filtering
     budget.step_s = budget.elapsed()  # the set-up (a rounding, a filtering): about one step

@@ -181,7 +181,8 @@ def lp_proximal(model: CRFModel, init: torch.Tensor | None, config: LPConfig) ->
     budget.start = start
     a_alpha = torch.zeros_like(y)
     anchor_fn, primal_fn, dual_fn = (
-        step_function(fn, config.compile) for fn in (anchor_step, primal_step, dual_pass)
+        step_function(fn, config.compile, budget.deadline())
+        for fn in (anchor_step, primal_step, dual_pass)
     )
     y_prev, it, change = y, 0, float("nan")
     while not budget.exhausted(it):

@@ -84,7 +84,7 @@ def mean_field(model: CRFModel, init: torch.Tensor | None, config: MeanFieldConf
     budget = Budget(config.iterations, config.seconds, config.check_every)
     q = softmax_labels(-model.unary) if init is None else init
     best = BestLabelling(model) if config.track_best else None
-    update = step_function(step, config.compile)
+    update = step_function(step, config.compile, budget.deadline())
     if not config.compile:
         update = _blocked(model, q) or update
     it, change = 0, float("nan")

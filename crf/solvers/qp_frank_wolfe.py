@@ -98,7 +98,7 @@ def qp_frank_wolfe(model: CRFModel, init: torch.Tensor | None, config: QPConfig)
     lower = torch.full_like(f, -float("inf"))
     it, gap = 0, torch.full_like(f, float("inf"))
     history = [f.flatten() + const.flatten()]
-    step = step_function(fw_step, config.compile)
+    step = step_function(fw_step, config.compile, budget.deadline())
     while not budget.exhausted(it):
         f_old = f
         y, g, f, gap = step(model, y, g, f, d)

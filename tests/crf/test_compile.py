@@ -4,6 +4,8 @@ recompile, a new image size recompiles once and then not again, compiled == eage
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from torch._dynamo.testing import CompileCounter
 import crf
 import crf.compile
 import kernels.compile
+import kernels.compile_cost
 from crf.compile import should_compile
 from crf.solvers import SOLVERS
 from kernels import backend
@@ -128,3 +131,26 @@ def test_compiled_steps_call_the_triton_custom_ops(counting_compile):
         tri = c.map("qp", init="unary", iterations=3, compile=True)
     assert counting_compile.frame_count == 1
     _close(tri, ref)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("method", METHODS)
+def test_a_seconds_budget_holds_when_a_compile_would_not_fit(method, monkeypatch):
+    """Compiles of 3 s (a sleeping backend) against a 1 s budget: the steps run eagerly and
+    the call ends in time (within 5% or 1 s); without a budget they compile."""
+    from tests.test_compile_deadline import SlowBackend
+
+    torch._dynamo.reset()
+    backend = SlowBackend(3.0)
+    monkeypatch.setattr(kernels.compile, "BACKEND", backend)
+    monkeypatch.setattr(kernels.compile, "_FAILED", set())
+    monkeypatch.setattr(kernels.compile_cost, "_RECORDS", {})
+    small = _instance(9, 11)
+    try:
+        tick = time.monotonic()
+        small.map(method, init="unary", iterations=10_000, compile=True, tol=0.0, seconds=1.0)
+        assert time.monotonic() - tick <= 2.0 and backend.frame_count == 0
+        small.map(method, init="unary", iterations=2, compile=True, tol=0.0)
+        assert backend.frame_count >= 1
+    finally:
+        torch._dynamo.reset()
