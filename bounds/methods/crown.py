@@ -68,6 +68,7 @@ def lower_over(A: Tensor, low: Tensor, high: Tensor) -> Tensor:
     pos, neg = A.clamp(min=0), A.clamp(max=0)
     value = pairing(pos, low) + pairing(neg, high)
     with torch.no_grad():
+        # each end's own terms (a wide box must not loosen a bound near 0 of a tight end)
         mag = pairing(pos.detach(), low.abs()) - pairing(neg.detach(), high.abs())
         # each non-zero term: one product, then at most `nonzero - 1` additions that are not of
         # zeros (adding an exact zero does not round), and the parts' sum
@@ -104,17 +105,14 @@ def relax_rounding(A: Tensor, new_A, lines: Lines, size_in, size_out: Tensor, ul
     broadcastable to `A`."""
     with torch.no_grad():
         A = A.detach()
-        pos, neg = A.clamp(min=0), A.clamp(max=0)
         parts = new_A if isinstance(new_A, tuple) else (new_A,)
         sizes = size_in if isinstance(size_in, tuple) else (size_in,)
-        mag = pairing(A.abs(), size_out)
+        # |A| . (|f| + |t|) with the larger intercept of the two lines: one product with a
+        # vector the specs share (the intercept chosen by A's sign would not be)
+        intercept = torch.maximum(lines.lower_intercept.abs(), lines.upper_intercept.abs())
+        mag = pairing(A.abs(), size_out + intercept)
         for part, size in zip(parts, sizes):
             mag = mag + pairing(part.detach().abs(), size)
-        mag = (
-            mag
-            + pairing(pos, lines.lower_intercept.abs())
-            - pairing(neg, lines.upper_intercept.abs())
-        )
         n = int(A[0, 0].numel())
         return error_bound(mag, n + 2 + ulps, n)
 

@@ -158,9 +158,10 @@ class UnaryAffineOp(BoundOp):
         absA = A.abs()
         err = A.new_zeros(A.shape[:2])
         if sums:
-            spread = self.abs_linear(sizes[0]).unsqueeze(1)
+            spread = self.abs_linear(sizes[0]).flatten(1).unsqueeze(-1)  # [B, n, 1]: |L| m
             k = self.fan_out() + 2 + CONSTANT_ROUNDINGS
-            err = error_bound((absA * spread).flatten(2).sum(-1), k, self.fan_out())
+            summed = (absA.flatten(2) @ spread).squeeze(-1)
+            err = error_bound(summed, k, self.fan_out())
         if b is not None:
             n = numel(self.out_shape)
             full = torch.broadcast_to(b.abs(), self.out_shape)
