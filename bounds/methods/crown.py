@@ -10,6 +10,7 @@ ambiguous; the intersection of both is kept).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -389,9 +390,17 @@ def neuron_chunk(graph: Graph, batch: int, count: int) -> int:
     return min(count, max(1, spec_chunk(graph, batch) // 2))
 
 
+def _predicted_past(deadline: float | None, durations: list[float] | None) -> bool:
+    """Whether a pass as long as the longest of `durations` would end past `deadline`."""
+    if deadline is None or not durations:
+        return False
+    return time.monotonic() + max(durations) > deadline
+
+
 def bound_in_chunks(
     graph: Graph, node: str, index: Tensor, batch: int, like: Tensor, lower_bound: Callable,
     step: int | None = None, deadline: float | None = None,
+    durations: list[float] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`, chunked so the
     functionals stay under MAX_FUNCTIONAL_ELEMENTS: `lower_bound(part, offset)` gives lower
@@ -401,22 +410,27 @@ def bound_in_chunks(
     `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
     `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed, or once the next one
     is predicted (from the last two) to end past it, are not bounded: their neurons get
-    `-inf` / `+inf` (no information: the caller's intervals stay as they are)."""
+    `-inf` / `+inf` (no information: the caller's intervals stay as they are). `durations`:
+    the seconds of earlier chunks (of other layers too; appended to): a first chunk predicted
+    from them to end past the deadline is not started either."""
     step = step or neuron_chunk(graph, batch, index.numel())
     if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
         step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
     lowers, uppers = [], []
     pacer = None if deadline is None else Pacer(deadline)  # None: compiled callers
-    stop = passed(deadline)
+    stop = passed(deadline) or _predicted_past(deadline, durations)
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
         if stop:
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
+        tick = time.monotonic()
         result = lower_bound(part, offset)
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
+        if durations is not None:
+            durations.append(time.monotonic() - tick)
         stop = pacer is not None and pacer.done()
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
 
@@ -445,7 +459,7 @@ def _rows_bound(
 def bound_neurons(
     graph: Graph, node: str, index: Tensor, box: Interval, lines_for: ChunkLinesFn,
     step: int | None = None, deadline: float | None = None,
-    intervals: dict[str, Interval] | None = None,
+    intervals: dict[str, Interval] | None = None, durations: list[float] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """CROWN lower/upper bounds `[batch, k]` of the flat neurons `index` of `node`;
     `lines_for(offset, count)` gives the lines for the chunk `index[offset:offset+count]`;
@@ -464,7 +478,9 @@ def bound_neurons(
         A = unit_functionals(part, shape, batch, box.lower)
         return backward_bound(graph, node, A, box, lines, intervals)
 
-    return bound_in_chunks(graph, node, index, batch, box.lower, lower_bound, step, deadline)
+    return bound_in_chunks(
+        graph, node, index, batch, box.lower, lower_bound, step, deadline, durations
+    )
 
 
 def straight_through(value: Tensor, surrogate: Tensor) -> Tensor:
@@ -548,6 +564,7 @@ def crown_intervals(
     deadline: float | None = None,
     every_neuron: bool = False,
     exact: bool = True,
+    durations: list[float] | None = None,
 ) -> dict[str, Interval]:
     """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
     and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
@@ -566,9 +583,12 @@ def crown_intervals(
     searches whose closing bounds are rechecked exactly)."""
     if exact and box.lower.dtype != torch.float64:
         given64 = {k: in_float64(iv) for k, iv in (given or {}).items()}
-        found = crown_intervals(graph.float64, in_float64(box), given64, deadline, every_neuron)
+        found = crown_intervals(
+            graph.float64, in_float64(box), given64, deadline, every_neuron, True, durations
+        )
         return {k: outward(iv, box.lower.dtype) for k, iv in found.items()}
     intervals: dict[str, Interval] = {graph.input.name: box}
+    durations = [] if durations is None else durations  # one chunk's seconds predict the next
     targets = set(needs_crown(graph))
     given = given or {}
     for node in graph.nodes[1:]:
@@ -583,7 +603,7 @@ def crown_intervals(
                 lines_for = constant_lines(default_lines(graph, intervals))
                 tracked = intervals if exact else None
                 low, up = bound_neurons(
-                    graph, node.name, index, box, lines_for, None, deadline, tracked
+                    graph, node.name, index, box, lines_for, None, deadline, tracked, durations
                 )
                 iv = scatter_bounds(iv, index, low, up)
         intervals[node.name] = iv
@@ -602,7 +622,8 @@ def crown(
 ) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
     """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`
     (`every_neuron`, `deadline`: see `crown_intervals`; past the deadline the neurons left keep
-    their IBP intervals, and if it has passed before the output's backward pass, the output's
+    their IBP intervals, and if it has passed before the output's backward pass, or that pass
+    is predicted (as long as the longest intermediate chunk) to end past it, the output's
     interval gives the bounds: a pass through a large network can take seconds). A float32
     network's bounds are computed in float64 and rounded outward (`bounds.rounding`);
     `exact=False`: see `crown_intervals`."""
@@ -612,9 +633,11 @@ def crown(
         dtype = box.lower.dtype
         intervals = {k: outward(iv, dtype) for k, iv in found.items()}
         return rounded_down(low, dtype), rounded_up(up, dtype), intervals
-    intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact)
+    durations: list[float] = []
+    intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
     result = interval_bound(C, intervals[graph.output.name])
-    if not passed(deadline):
+    # the output's pass, predicted to take as long as the longest intermediate chunk
+    if not passed(deadline) and not _predicted_past(deadline, durations):
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
         tracked = intervals if exact else None
