@@ -201,6 +201,14 @@ def _check_constants(nodes: tuple[Node, ...]) -> None:
                 raise InvalidNetworkError(f"NaN or Inf in the constants of node {node.name!r}")
 
 
+def _largest_finite(value) -> float:
+    """The largest finite magnitude in `value` (0 for anything else)."""
+    if not (isinstance(value, Tensor) and value.is_floating_point() and value.numel()):
+        return 0.0
+    finite = value[torch.isfinite(value)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
 class _Largest(fx.Interpreter):
     """Runs a traced module and records the largest finite magnitude of any value it computes."""
 
@@ -208,10 +216,7 @@ class _Largest(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         value = super().run_node(n)
-        if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
-            finite = value[torch.isfinite(value)]
-            if finite.numel():
-                self.largest = max(self.largest, float(finite.abs().max()))
+        self.largest = max(self.largest, _largest_finite(value))
         return value
 
 
@@ -232,7 +237,7 @@ def _check_equivalence(
         got = values[graph.output.name]
     if not isinstance(expected, Tensor) or expected.shape != got.shape:
         raise InvalidNetworkError(f"conversion changed the output shape: {got.shape}")
-    largest = max(float(v.abs().max()) if v.numel() else 0.0 for v in values.values())
+    largest = max(_largest_finite(v) for v in values.values())
     scale = 1.0 + max(float(expected.abs().max()), largest, run.largest)
     tol = 1e-4 if expected.dtype != torch.float64 else 1e-9
     if float((expected - got).abs().max()) > tol * scale:

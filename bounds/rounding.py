@@ -151,6 +151,27 @@ def in_float64(iv: Interval) -> Interval:
     return Interval(iv.lower.double(), iv.upper.double())
 
 
+def intervals_in_float64(intervals: dict[str, Interval] | None) -> dict[str, Interval]:
+    """Each interval of `intervals` (None: none) in float64."""
+    return {k: in_float64(iv) for k, iv in (intervals or {}).items()}
+
+
+def intervals_outward(intervals: dict[str, Interval], dtype: torch.dtype) -> dict[str, Interval]:
+    """Each interval of `intervals` in `dtype`, rounded outward."""
+    return {k: outward(iv, dtype) for k, iv in intervals.items()}
+
+
+def bounds_in_float64(method, graph, box: Interval, C: Tensor, given, *args):
+    """`method(graph, box, C, given, *args) -> (lower, upper, intervals)` evaluated on the
+    float64 copy of `graph` (`Graph.float64`), its results rounded outward to `box`'s dtype:
+    how a float32 network's bounds are computed."""
+    dtype = box.lower.dtype
+    low, up, found = method(
+        graph.float64, in_float64(box), C.double(), intervals_in_float64(given), *args
+    )
+    return rounded_down(low, dtype), rounded_up(up, dtype), intervals_outward(found, dtype)
+
+
 def widen_ulps(iv: Interval, ulps: int) -> Interval:
     """Each end moved outward by `ulps` units of its own magnitude (plus the underflow term),
     then rounded outward: for results of library functions accurate to `ulps` ulp."""

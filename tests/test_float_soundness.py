@@ -22,11 +22,11 @@ import verify.bab.input_split as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
 from bounds.methods.crown import backward_bound, crown_intervals, default_lines
-from bounds.types import Interval
+from bounds.rounding import outward
+from bounds.types import Interval, rounded_down, rounded_up
 from tests.test_relu_bab import mlp
 from verify.api import network_graph
 from verify.bab import BabConfig, RegionBab, ReluBab, ReluSplitConfig
-from verify.bab.common import outward, rounded_down, rounded_up
 from verify.property import Polytope, Region, VnnlibProperty
 
 OFF = {"float64_recheck": False}

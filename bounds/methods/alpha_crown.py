@@ -52,7 +52,7 @@ from bounds.methods.crown import (
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.methods.patches import Windows, read_windows
 from bounds.optim import adam_ascent
-from bounds.rounding import in_float64, outward
+from bounds.rounding import in_float64, intervals_in_float64, intervals_outward
 from bounds.types import Budget, Interval, rounded_down
 
 
@@ -388,6 +388,7 @@ def alpha_crown(
     best_slopes = {problem.keys[i][1]: t for i, t in zip(problem.out_index, state.best_slopes)}
     stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
     stats["best_slopes"] = best_slopes
+    stats["unsound_best"] = state.best.detach()  # the iterations' own (untracked) bounds
     if not exact:
         names = [n.name for n in graph.nodes]
         best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
@@ -396,18 +397,12 @@ def alpha_crown(
         # the exact pass (about an iteration's time) would end past the deadline: the output's
         # interval from the exact intervals the call started from
         result = interval_bound(C, base[graph.output.name])
-        lower, upper = split_output(result)
-        stats["unsound_best"] = state.best.detach()
-        return lower, upper, base, stats
+        return *split_output(result), base, stats
     result, sound_intervals = _sound_pass(problem, final, state)
-    lower, upper = split_output(result)
-    stats["unsound_best"] = state.best.detach()  # the iterations' own (untracked) bounds
-    return lower, upper, sound_intervals, stats
+    return *split_output(result), sound_intervals, stats
 
 
-def _sound_pass(
-    p: _Problem, final: dict, state: AlphaState
-) -> tuple[Tensor, dict[str, Interval]]:
+def _sound_pass(p: _Problem, final: dict, state: AlphaState) -> tuple[Tensor, dict[str, Interval]]:
     """The bounds `[B, 2S]` and intervals that hold in floating point (`bounds.rounding`): one
     pass with tracked rounding, in float64 (`Graph.float64`) and rounded outward, at the best
     output slopes of each spec and the last intermediate slopes. (The optimisation's passes
@@ -419,10 +414,10 @@ def _sound_pass(
     with torch.no_grad():
         problem = _Problem(
             p.graph.float64, in_float64(p.box), p.C.double(),
-            {k: in_float64(iv) for k, iv in p.base.items()}, p.targets, p.keys, p.chunks,
+            intervals_in_float64(p.base), p.targets, p.keys, p.chunks,
             p.deadline, sound=True,
         )  # fmt: skip
         result, intervals = _pass(problem, {k: a.detach().double() for k, a in alphas.items()})
     result = rounded_down(result, dtype)
-    sound = {k: outward(iv, dtype).intersect(p.base[k]) for k, iv in intervals.items()}
-    return result, sound
+    sound = intervals_outward(intervals, dtype)
+    return result, {k: iv.intersect(p.base[k]) for k, iv in sound.items()}

@@ -28,8 +28,16 @@ from bounds.methods.patches import (
     unit_windows,
 )
 from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
-from bounds.rounding import error_bound, in_float64, lower_minus, magnitude, outward
-from bounds.types import Interval, rounded_down, rounded_up
+from bounds.rounding import (
+    bounds_in_float64,
+    error_bound,
+    in_float64,
+    intervals_in_float64,
+    intervals_outward,
+    lower_minus,
+    magnitude,
+)
+from bounds.types import Interval
 from relaxations import LinearBounds
 from relaxations.base import MultiLinearBounds
 
@@ -582,11 +590,11 @@ def crown_intervals(
     backward passes' rounding not accounted for (faster; not sound in floating point: for
     searches whose closing bounds are rechecked exactly)."""
     if exact and box.lower.dtype != torch.float64:
-        given64 = {k: in_float64(iv) for k, iv in (given or {}).items()}
         found = crown_intervals(
-            graph.float64, in_float64(box), given64, deadline, every_neuron, True, durations
-        )
-        return {k: outward(iv, box.lower.dtype) for k, iv in found.items()}
+            graph.float64, in_float64(box), intervals_in_float64(given), deadline, every_neuron,
+            True, durations,
+        )  # fmt: skip
+        return intervals_outward(found, box.lower.dtype)
     intervals: dict[str, Interval] = {graph.input.name: box}
     durations = [] if durations is None else durations  # one chunk's seconds predict the next
     targets = set(needs_crown(graph))
@@ -628,11 +636,7 @@ def crown(
     network's bounds are computed in float64 and rounded outward (`bounds.rounding`);
     `exact=False`: see `crown_intervals`."""
     if exact and box.lower.dtype != torch.float64:
-        given64 = {k: in_float64(iv) for k, iv in (given or {}).items()}
-        low, up, found = crown(graph.float64, in_float64(box), C.double(), given64, every_neuron, deadline)
-        dtype = box.lower.dtype
-        intervals = {k: outward(iv, dtype) for k, iv in found.items()}
-        return rounded_down(low, dtype), rounded_up(up, dtype), intervals
+        return bounds_in_float64(crown, graph, box, C, given, every_neuron, deadline)
     durations: list[float] = []
     intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
     result = interval_bound(C, intervals[graph.output.name])

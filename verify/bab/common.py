@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from bounds.graph import Graph
-from bounds.types import Interval, rounded_down, rounded_up
+from bounds.rounding import outward
+from bounds.types import Interval
 from verify.attack import UnsafeSpec, validate, violation
 from verify.property import Region
 
@@ -301,11 +302,6 @@ def in_chunks(
 
 def is_out_of_memory(error: RuntimeError) -> bool:
     return "out of memory" in str(error).lower()
-
-
-def outward(interval: Interval, dtype: torch.dtype) -> Interval:
-    """`interval` in `dtype`, rounded outwards (it contains the given one)."""
-    return Interval(rounded_down(interval.lower, dtype), rounded_up(interval.upper, dtype))
 
 
 def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from bounds.graph import Graph, build_graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown, crown_intervals
-from bounds.types import Budget, Interval
+from bounds.types import Budget, Interval, rounded_down
 from verify.api import bounds
 from verify.attack import UnsafeSpec, min_max, pgd
 from verify.bab.common import (
@@ -40,7 +40,6 @@ from verify.bab.common import (
     RegionSearch,
     in_chunks,
     outward_box,
-    rounded_down,
 )
 from verify.bab.config import TRIAL_SCORES, BabConfig
 from verify.bab.protocols import Children

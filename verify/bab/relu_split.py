@@ -50,7 +50,7 @@ from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.beta_crown import SplitResult
 from bounds.methods.crown import crown_intervals
 from bounds.methods.pacing import passed
-from bounds.types import Budget, Interval
+from bounds.types import Budget, Interval, rounded_down
 from verify.attack import UnsafeSpec, pgd, validate
 from verify.bab.common import (
     BatchSizer,
@@ -62,7 +62,6 @@ from verify.bab.common import (
     in_chunks,
     outward,
     outward_box,
-    rounded_down,
 )
 from verify.bab.config import DUAL_ROOT_INTERMEDIATE, ReluSplitConfig
 from verify.bab.protocols import Children
