@@ -14,8 +14,8 @@ the mean relative width added (|new - old| / |old| of the final bounds).
 
     python -m benchmarks.float_soundness [--baseline REV] [--samples 300] [--only acas,...]
 
-The baseline runs from a temporary `git worktree` of REV (default: the commit before
-`bounds/rounding.py` existed). Writes results/float_soundness.{json,md}.
+The baseline runs from a `git worktree` of REV (default: the commit before `bounds/rounding.py`
+existed), made by `benchmarks/side_by_side.base_tree`. Writes results/float_soundness.{json,md}.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.side_by_side import base_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ibp", "crown", "alpha-crown")
@@ -206,18 +207,8 @@ def main() -> None:
         worker(args)
         return
     rev = args.baseline or baseline_revision()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), rev], cwd=ROOT,
-                       check=True, capture_output=True)  # fmt: skip
-        (base.parent / "shared").symlink_to(ROOT.parent / "shared")
-        try:
-            old = run_checkout(base, args)
-            new = run_checkout(ROOT, args)
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False
-            )
+    old = run_checkout(base_tree(rev), args)
+    new = run_checkout(ROOT, args)
     text = f"# python -m benchmarks.float_soundness --samples {args.samples} (baseline {rev})\n\n"
     text += summary(new, old) + "\n"
     print(text)

@@ -205,12 +205,23 @@ def get_relaxation(name: str, **options) -> Relaxation:
         raise ValueError(f"relaxation {name!r} does not take options {sorted(options)}") from exc
 
 
-def _crossings(slopes: Tensor, intercepts: Tensor) -> Tensor:
-    """`xh` where lines i < j meet, `[K (K - 1) / 2, *shape]` (nan where parallel)."""
+def _crossings(slopes: Tensor, intercepts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`(xh, i, j)`: where lines i < j meet, `[K (K - 1) / 2, *shape]` (nan where parallel),
+    and the index pairs."""
     i, j = torch.triu_indices(len(slopes), len(slopes), offset=1, device=slopes.device)
     ds = slopes[i] - slopes[j]
     di = intercepts[j] - intercepts[i]
-    return torch.where(ds != 0, di / torch.where(ds != 0, ds, torch.ones_like(ds)), torch.nan)
+    cross = torch.where(ds != 0, di / torch.where(ds != 0, ds, torch.ones_like(ds)), torch.nan)
+    return cross, i, j
+
+
+def _values(slopes: Tensor, intercepts: Tensor, xh: Tensor) -> tuple[Tensor, Tensor]:
+    """Every line at every point, `[K, V, *shape]`, and a bound on each value's rounding error
+    (`2 eps (|a xh| + |b|)`: one product and one sum)."""
+    products = slopes.unsqueeze(1) * xh
+    values = products + intercepts.unsqueeze(1)
+    eps = torch.finfo(values.dtype).eps
+    return values, 2 * eps * (products.abs() + intercepts.unsqueeze(1).abs())
 
 
 def polygon_vertices(
@@ -219,17 +230,45 @@ def polygon_vertices(
     """Candidate vertices `(xh, x, feasible)` of the relaxed set, each `[V, *shape]`: both
     envelopes at both ends of `[lower, upper]`, and both envelopes at every crossing of two
     lines inside it. Every vertex of the polygon is among the feasible candidates (a vertex is
-    an end of the box on an envelope, a kink of an envelope, or where the envelopes meet)."""
+    an end of the box on an envelope, a kink of an envelope, or where the envelopes meet).
+
+    Steep lines (exp's tangent at 40 has slope 2e17) make a crossing's `xh` and a line's value
+    there inexact by far more than the vertex's own size: `a xh + b` cancels to ~40 from
+    ~1e19, each off by ~1e3. So at a crossing of lines i and j the pair's value is the flatter
+    line's (its error is small, and it moves little with the crossing's error); the other lines
+    come in as envelopes, and feasibility allows every value its rounding error. A candidate so
+    admitted may be infeasible by that much, never better by more than the error allows."""
     lines_s = torch.cat([cons.lower_slopes, cons.upper_slopes])
     lines_i = torch.cat([cons.lower_intercepts, cons.upper_intercepts])
     lines_s, lines_i = torch.broadcast_tensors(lines_s, lines_i)
+    n_low = len(cons.lower_slopes)
     shape = torch.broadcast_shapes(lower.shape, lines_s.shape[1:])
     ends = torch.stack([lower.expand(shape), upper.expand(shape)])
-    cross = _crossings(lines_s, lines_i)
+    cross, i, j = _crossings(lines_s, lines_i)
     inside = (cross >= lower) & (cross <= upper)
     xh = torch.cat([ends, torch.where(inside, cross, lower.expand(shape))])
-    low, up = cons.lower_envelope(xh), cons.upper_envelope(xh)
-    feasible = low <= up + 1e-9 * (1 + low.abs() + up.abs())
+    values, errors = _values(lines_s, lines_i, xh)  # [K, V, *shape]
+    # The pair's own value at each crossing: its flatter line's.
+    extra = (1,) * (values.dim() - 2)
+    i_, j_ = i.view(-1, *extra), j.view(-1, *extra)
+    flatter = torch.where(lines_s[i].abs() <= lines_s[j].abs(), i_, j_).unsqueeze(0)
+    pick = flatter.expand(1, values.shape[1] - 2, *values.shape[2:])
+    pair_value = values[:, 2:].gather(0, pick)[0]
+    pair_error = errors[:, 2:].gather(0, pick)[0]
+    # The pair out of the envelopes at its own crossing, its value put back in.
+    k = torch.arange(len(lines_s), device=xh.device).view(-1, 1)
+    in_pair = torch.zeros((len(lines_s), xh.shape[0]), dtype=torch.bool, device=xh.device)
+    in_pair[:, 2:] = (k == i.view(1, -1)) | (k == j.view(1, -1))
+    in_pair = in_pair.view(*in_pair.shape, *extra)
+    is_low = (k < n_low).view(-1, 1, *extra)
+    low = values.masked_fill(~is_low | in_pair, -torch.inf).amax(0)
+    up = values.masked_fill(is_low | in_pair, torch.inf).amin(0)
+    err = errors.amax(0)
+    has_low, has_up = i_ < n_low, j_ >= n_low  # i < j: the pair's lower line is i, if any
+    low = torch.cat([low[:2], torch.where(has_low, torch.maximum(low[2:], pair_value), low[2:])])
+    up = torch.cat([up[:2], torch.where(has_up, torch.minimum(up[2:], pair_value), up[2:])])
+    err = torch.cat([err[:2], torch.maximum(err[2:], pair_error)])
+    feasible = low <= up + 2 * err + 1e-9 * (1 + low.abs() + up.abs())
     feasible = feasible & torch.cat([torch.ones_like(ends, dtype=torch.bool), inside])
     return torch.cat([xh, xh]), torch.cat([low, up]), torch.cat([feasible, feasible])
 

@@ -121,3 +121,16 @@ def test_infinite_bounds_raise():
 def test_methods_sound():
     check_methods_sound(exp, scale=1.0)
     check_methods_sound(exp, methods=("lp",), seeds=(0,), scale=1.0, radius=0.5)
+
+
+def test_argmin_finds_the_vertex_at_a_steep_tangent():
+    """On [-40, 40] the tangent at 40 has slope e^40 ~ 2e17: where it meets the tangent at 0
+    (xh ~ 39), `a xh + b` cancels from ~1e19, so the envelope there is off by ~1e3. The
+    minimum of -0.92 xh + 0.127 x is that vertex, ~ -0.92 * 39 + 0.127 * 40 = -30.8; a point
+    of the set, (38, 39) on the tangent at 0, already gives -30.04 (once 0.92 was returned)."""
+    lower, upper = torch.tensor([-40.0], dtype=D), torch.tensor([40.0], dtype=D)
+    cp, cq = torch.tensor([-0.92], dtype=D), torch.tensor([0.127], dtype=D)
+    xh, x = exp.argmin(cp, cq, lower, upper)
+    value = float(cp * xh + cq * x)
+    assert value <= -0.92 * 38 + 0.127 * 39
+    assert 38.9 < float(xh) <= 40.0 and abs(float(x) - (1 + float(xh))) < 1e-6
