@@ -42,6 +42,7 @@ from bounds.methods.crown import (
     needs_crown,
     neuron_chunk,
     output_functional,
+    predicted_past,
     relaxation_bounds,
     scatter_bounds,
     split_output,
@@ -111,6 +112,7 @@ class _Problem:
     chunks: dict[str, int]  # neurons per backward pass for each target (fixed outside compile)
     deadline: float | None = None  # time.monotonic(); None when the step is compiled
     sound: bool = False  # track the passes' rounding (`bounds.rounding`): the final evaluation
+    durations: list[float] | None = None  # seconds of earlier chunks (None when compiled)
 
     @property
     def out_index(self) -> tuple[int, ...]:
@@ -190,7 +192,15 @@ def _pass(p: _Problem, alphas) -> tuple[Tensor, dict[str, Interval]]:
             step = p.chunks[node.name]
             tracked = intervals if p.sound else None
             low, up = bound_neurons(
-                p.graph, node.name, index, p.box, lines_for, step, p.deadline, tracked
+                p.graph,
+                node.name,
+                index,
+                p.box,
+                lines_for,
+                step,
+                p.deadline,
+                tracked,
+                p.durations,
             )
             iv = scatter_bounds(iv, index, low, up, straight=True)
         intervals[node.name] = iv
@@ -336,10 +346,11 @@ def alpha_crown(
     and intervals instead (faster; not sound in floating point)."""
     start_time = time.perf_counter()
     stop_at = deadline_of(budget, deadline)
+    durations: list[float] = []  # CROWN's chunks predict the first pass's (same sizes)
     base = (
         intervals
         if intervals is not None
-        else crown_intervals(graph, box, deadline=stop_at, exact=exact)
+        else crown_intervals(graph, box, deadline=stop_at, exact=exact, durations=durations)
     )
     targets = {}
     if config.optimize_intermediate and not passed(stop_at):  # past it: the output's slopes only
@@ -353,10 +364,18 @@ def alpha_crown(
     alphas = _with_slopes(problem, _init_alphas(problem), init_slopes)
     use = _use_compile(config, box.lower.device) and bool(alphas)
     inner = None if use else stop_at  # compiled steps: paced between iterations only
-    problem = _Problem(graph, box, C, base, targets, tuple(alphas), chunks, inner)
+    problem = _Problem(
+        graph, box, C, base, targets, tuple(alphas), chunks, inner,
+        durations=None if use else durations,
+    )  # fmt: skip
     iterations = (
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
+    if predicted_past(stop_at, durations):  # not even a chunk fits: the output's interval
+        out = graph.output.name
+        slopes = {act: a.detach() for (start, act), a in alphas.items() if start == out}
+        stats = {"iterations": 0, "trajectory": [], "final_slopes": slopes, "best_slopes": slopes}
+        return *split_output(interval_bound(C, base[out])), base, stats
     state = _initial_state(problem, alphas)
     if not alphas:  # nothing to optimise (no ambiguous neuron): one bound pass
         iterations = 0
@@ -415,7 +434,7 @@ def _sound_pass(p: _Problem, final: dict, state: AlphaState) -> tuple[Tensor, di
         problem = _Problem(
             p.graph.float64, in_float64(p.box), p.C.double(),
             intervals_in_float64(p.base), p.targets, p.keys, p.chunks,
-            p.deadline, sound=True,
+            p.deadline, sound=True, durations=p.durations,
         )  # fmt: skip
         result, intervals = _pass(problem, {k: a.detach().double() for k, a in alphas.items()})
     result = rounded_down(result, dtype)

@@ -398,7 +398,7 @@ def neuron_chunk(graph: Graph, batch: int, count: int) -> int:
     return min(count, max(1, spec_chunk(graph, batch) // 2))
 
 
-def _predicted_past(deadline: float | None, durations: list[float] | None) -> bool:
+def predicted_past(deadline: float | None, durations: list[float] | None) -> bool:
     """Whether a pass as long as the longest of `durations` would end past `deadline`."""
     if deadline is None or not durations:
         return False
@@ -426,7 +426,7 @@ def bound_in_chunks(
         step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
     lowers, uppers = [], []
     pacer = None if deadline is None else Pacer(deadline)  # None: compiled callers
-    stop = passed(deadline) or _predicted_past(deadline, durations)
+    stop = passed(deadline) or predicted_past(deadline, durations)
     for offset in range(0, index.numel(), step):
         part = index[offset : offset + step]
         if stop:
@@ -641,7 +641,7 @@ def crown(
     intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
     result = interval_bound(C, intervals[graph.output.name])
     # the output's pass, predicted to take as long as the longest intermediate chunk
-    if not passed(deadline) and not _predicted_past(deadline, durations):
+    if not passed(deadline) and not predicted_past(deadline, durations):
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
         tracked = intervals if exact else None
