@@ -14,6 +14,7 @@ from torch import Tensor
 from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
 from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
+from bounds.dual.anderson_certified import certified_anderson_value
 from bounds.dual.anytime import DualResult
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose
@@ -212,8 +213,18 @@ def _anderson(solve_fn):
         intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
         problem = problem_from_graph(graph, box, intervals, c, layers)
         init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
-        result = solve_fn(problem, config, init, budget, deadline)
-        return _floored(graph, C, intervals, result, floor)
+        # certified in floats as the decomposition's are (`_decomposition`)
+        tick = time.monotonic()
+        certified = torch.maximum(floor, certified_anderson_value(problem, (), init))
+        cost = time.monotonic() - tick
+        solver_deadline = None if deadline is None else deadline - 1.5 * cost
+        result = solve_fn(problem, config, init, budget, solver_deadline)
+        if deadline is None or time.monotonic() + cost < deadline:
+            duals, cuts = result.certificate
+            checked = certified_anderson_value(problem, cuts, duals)
+            certified = torch.maximum(certified, checked)
+        stats = {**result.stats, "dual_value": result.lower}
+        return _floored(graph, C, intervals, DualResult(certified, result.duals, stats), floor)
 
     return run
 

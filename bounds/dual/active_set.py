@@ -329,6 +329,12 @@ class ActiveSetResult:
     cuts: tuple[Cuts, ...]
     stats: dict
 
+    @property
+    def certificate(self) -> tuple[Duals, tuple[Cuts, ...]]:
+        """The duals and cuts to certify this bound from
+        (`bounds.dual.anderson_certified.certified_anderson_value`)."""
+        return self.duals, self.cuts
+
 
 def solve(
     p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,

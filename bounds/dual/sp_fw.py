@@ -373,6 +373,12 @@ class SpFwResult:
     big_m: active_set.ActiveSetResult
     stats: dict
 
+    @property
+    def certificate(self) -> tuple[Duals, tuple[Cuts, ...]]:
+        """The Big-M start's duals and cuts: the sums of beta (`Statistics`) cannot be checked
+        per constraint, so `lower` itself is not certifiable in floating point."""
+        return self.big_m.certificate
+
 
 def solve(
     p: AndersonProblem, config: SpFwConfig, init: Duals, budget: Budget | None = None,
