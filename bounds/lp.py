@@ -12,8 +12,12 @@ concatenations, ...) by one dense matrix per input read off their adjoint (`vjp`
 
 Both build one problem per batch element with the objective's coefficients as a cvxpy
 Parameter, so the problem is canonicalised once and re-solved per spec. Values are accurate to
-the solver's tolerance (about 1e-7 relative with HiGHS); as bounds we report them loosened by
-`SAFETY` (relative), so a solver's tolerance can never make a reported bound unsound.
+the solver's tolerance (about 1e-7 relative with HiGHS; `stats['raw']`). The LP's bounds are
+certified instead (Neumaier and Shcherbina's idea, Math. Prog. 2004: any dual point gives a
+rigorous bound): the Lagrangian-decomposition dual at the LP's duals of the pre-activations'
+equalities, evaluated with tracked rounding (`bounds.dual.certified`), equal to the LP's value
+within 1e-13 on small nets. The MILP's are its optima loosened by `SAFETY` (relative): a
+reference for tests, not a certified bound (a branch-and-bound tree would be its certificate).
 
 Time: a `deadline` is checked before every solve and passed to the solver as its time limit;
 solves it cuts short keep a caller's fallback bound. cvxpy's model build before the first solve
@@ -33,8 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bounds.dual.certified import certified_value
+from bounds.dual.dag import decompose
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph
+from bounds.methods.crown import output_functional
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
 from relaxations import get_relaxation
@@ -209,9 +216,10 @@ def _big_m_constraints(cp, node, var, pre_var, lower: Tensor, upper: Tensor):
 
 
 def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, integer: bool):
-    """cvxpy variables and constraints of the relaxed (or exact) network for batch element b."""
+    """cvxpy variables and constraints of the relaxed (or exact) network for batch element b,
+    and each affine node's defining equality (by node name: its dual certifies the LP)."""
     cp, sp = _cvxpy()
-    variables, constraints = {}, []
+    variables, constraints, equalities = {}, [], {}
     for node in graph.nodes:
         var = cp.Variable(int(np.prod(node.shape, dtype=int)))
         variables[node.name] = var
@@ -230,12 +238,14 @@ def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, 
             else:
                 constraints += _relaxed_constraints(cp, node, var, inputs, bounds)
         elif node.op.is_affine:
-            constraints += _affine_constraints(cp, sp, node, var, inputs)
+            rows = _affine_constraints(cp, sp, node, var, inputs)
+            equalities[node.name] = rows[0]
+            constraints += rows
         else:
             raise UnsupportedOperationError(
                 type(node.op).__name__, node.name, "the LP/MILP does not encode this operation"
             )
-    return variables, constraints
+    return variables, constraints, equalities
 
 
 HIGHS_LIMIT_SHARE = 0.5  # of the time left, given to HiGHS as its time limit under a deadline
@@ -282,15 +292,20 @@ def _solve(problem, config: LpConfig, integer: bool, deadline: float | None) -> 
 
 
 def _optimise(
-    graph, box, C, intervals, config, integer, sides=2, deadline=None, fallback=None
-) -> tuple[Tensor, dict]:
+    graph, box, C, intervals, config, integer, sides=2, deadline=None, fallback=None,
+    duals_of: tuple[str, ...] = (),
+) -> tuple[Tensor, dict]:  # fmt: skip
     """Minima of `C[b, s] . y` and (if `sides == 2`) `-C[b, s] . y` per batch element and spec;
     with `sides == 1` the second half is left at -inf (no bound). Solves not finished by
-    `deadline` keep `fallback` (`[B, 2S]` valid bounds; -inf when None)."""
+    `deadline` keep `fallback` (`[B, 2S]` valid bounds; -inf when None). `duals_of`: affine
+    nodes whose equality's dual is returned in `stats['duals']` (`{name: [B, 2S, n]}`, 0 where
+    not solved; with cvxpy's sign the Lagrangian adds `dual . (var - affine)`)."""
     cp, _ = _cvxpy()
     start = time.perf_counter()
     batch, specs = C.shape[:2]
     values = np.full((batch, 2 * specs), -np.inf)
+    duals = {n: np.zeros((batch, 2 * specs, int(np.prod(graph[n].shape, dtype=int))))
+             for n in duals_of}  # fmt: skip
     if fallback is not None:
         values[:, : sides * specs] = fallback.detach().cpu().double().numpy()[:, : sides * specs]
     flat_C = C.detach().cpu().double().reshape(batch, specs, -1).numpy()
@@ -298,7 +313,7 @@ def _optimise(
     for b in range(batch):
         if deadline is not None and time.monotonic() >= deadline:
             break
-        variables, constraints = _build(graph, box, intervals, b, integer)
+        variables, constraints, equalities = _build(graph, box, intervals, b, integer)
         c = cp.Parameter(flat_C.shape[-1])
         problem = cp.Problem(cp.Minimize(c @ variables[graph.output.name]), constraints)
         for s in range(sides * specs):
@@ -307,12 +322,19 @@ def _optimise(
             if value is None:
                 break
             values[b, s] = max(value, values[b, s])
+            for name in duals_of:
+                dual = equalities[name].dual_value if name in equalities else None
+                if dual is not None:
+                    duals[name][b, s] = np.asarray(dual, dtype=float).reshape(-1)
             solved += 1
     stats = {
         "seconds": time.perf_counter() - start,
         "solves": solved,
         "unsolved": batch * sides * specs - solved,
     }
+    if duals_of:
+        stats["duals"] = {n: torch.as_tensor(d, dtype=C.dtype, device=C.device)
+                          for n, d in duals.items()}  # fmt: skip
     return torch.as_tensor(values, dtype=C.dtype, device=C.device), stats
 
 
@@ -338,10 +360,23 @@ def planet_lp(
     (`time.monotonic()`) keep `fallback` (`[B, 2S]`: lower bounds of `C . y`, then of `-C . y`);
     `stats['unsolved']` counts them."""
     sides = 2 if upper else 1
+    net = decompose(graph)
+    pres = tuple(dict.fromkeys(e.pre for e in net.edges))
     values, stats = _optimise(
-        graph, box, C, intervals, config or LpConfig(), False, sides, deadline, fallback
+        graph, box, C, intervals, config or LpConfig(), False, sides, deadline, fallback, pres
     )
-    return _as_bounds(values, stats, C.shape[1])
+    # The LP optimum is accurate to the solver's tolerance only; the bound reported is the
+    # Lagrangian-decomposition dual at the LP's duals of the pre-activations' equalities
+    # (weak duality for any multipliers; at the LP's optimal ones it is the LP's optimum),
+    # certified in floating point (`bounds.dual.certified`).
+    batch, specs = C.shape[:2]
+    duals = stats.pop("duals")
+    rho = [duals[e.pre].reshape(batch, 2 * specs, *graph[e.pre].shape) for e in net.edges]
+    certified = certified_value(net, box, intervals, output_functional(graph, C), rho)
+    if fallback is not None:
+        certified = torch.maximum(certified, fallback.to(certified))
+    certified[:, sides * specs :] = -torch.inf  # not asked for
+    return certified[:, :specs], -certified[:, specs:], {**stats, "raw": values}
 
 
 def milp(
