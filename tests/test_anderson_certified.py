@@ -15,9 +15,9 @@ from bounds.dual.anderson import Duals, anderson_slopes, dual_value, no_cuts, pr
 from bounds.dual.anderson_certified import certified_anderson_value
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
-from tests.model_zoo import make, make_trap
+from tests.model_zoo import make
 from tests.soundness import assert_contains, box_samples, spec_values
-from tests.test_rounding import exact_forward, mp_vector, points
+from tests.test_rounding import assert_trap_contained
 
 D = torch.float64
 
@@ -77,9 +77,4 @@ def test_wrong_cut_constants_in_the_solver_do_not_reach_the_bound(monkeypatch):
 @pytest.mark.parametrize("method", ["big-m", "active-set", "sp-fw"])
 @pytest.mark.parametrize("name", ["huge_weights", "deep_narrow", "thin_box"])
 def test_float_traps_contain_the_exact_values(name, method):
-    net, low, high = make_trap(name, torch.float32)
-    b = verify.bounds(net, lower=low, upper=high, method=method, iterations=40)
-    lower, upper = mp_vector(b.lower[0]), mp_vector(b.upper[0])
-    for x in points(low, high, 20, seed=3):
-        for j, v in enumerate(exact_forward(net, mp_vector(x))):
-            assert lower[j] <= v <= upper[j], (j, float(v), float(lower[j]), float(upper[j]))
+    assert_trap_contained(name, method, torch.float32, count=20, iterations=40)

@@ -15,9 +15,9 @@ from bounds.dual import evaluate, initial_duals
 from bounds.dual.certified import best_lines, certified_value
 from bounds.dual.duals import Duals
 from relaxations import get_relaxation
-from tests.model_zoo import FLOAT_TRAPS, make_trap
+from tests.model_zoo import FLOAT_TRAPS
 from tests.test_dual_dag import CASES, _setup
-from tests.test_rounding import exact_forward, mp_vector, points
+from tests.test_rounding import assert_trap_contained
 
 D = torch.float64
 SMOOTH = [("residual", "sigmoid"), ("split_concat", "tanh"), ("residual", "exp")]
@@ -86,9 +86,4 @@ def test_a_missed_oracle_minimum_does_not_reach_the_bound(monkeypatch):
 @pytest.mark.parametrize("method", ["supergradient", "prox"])
 @pytest.mark.parametrize("name", list(FLOAT_TRAPS))
 def test_float_traps_contain_the_exact_values(name, method):
-    net, low, high = make_trap(name, torch.float32)
-    b = verify.bounds(net, lower=low, upper=high, method=method, iterations=20)
-    lower, upper = mp_vector(b.lower[0]), mp_vector(b.upper[0])
-    for x in points(low, high, 20, seed=3):
-        for j, v in enumerate(exact_forward(net, mp_vector(x))):
-            assert lower[j] <= v <= upper[j], (j, float(v), float(lower[j]), float(upper[j]))
+    assert_trap_contained(name, method, torch.float32, count=20, iterations=20)

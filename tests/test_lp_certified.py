@@ -12,8 +12,8 @@ import verify
 from bounds.lp import milp, planet_lp
 from bounds.methods.crown import crown
 from bounds.types import Interval
-from tests.model_zoo import make, make_trap
-from tests.test_rounding import exact_forward, mp_vector, points
+from tests.model_zoo import make
+from tests.test_rounding import assert_trap_contained
 
 pytest.importorskip("cvxpy")
 D = torch.float64
@@ -62,9 +62,4 @@ def test_a_wrong_optimum_from_the_solver_does_not_reach_the_bound(monkeypatch):
 
 @pytest.mark.parametrize("name", ["huge_weights", "thin_box", "trap"])
 def test_float_traps_contain_the_exact_values(name):
-    net, low, high = make_trap(name, torch.float32)
-    b = verify.bounds(net, lower=low, upper=high, method="lp")
-    lower, upper = mp_vector(b.lower[0]), mp_vector(b.upper[0])
-    for x in points(low, high, 20, seed=3):
-        for j, v in enumerate(exact_forward(net, mp_vector(x))):
-            assert lower[j] <= v <= upper[j], (j, float(v), float(lower[j]), float(upper[j]))
+    assert_trap_contained(name, "lp", torch.float32, count=20)

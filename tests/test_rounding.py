@@ -84,17 +84,23 @@ def test_the_trap_from_the_issue(method, dtype):
     assert float(b.lower[0, 2]) <= -1.0
 
 
+def assert_trap_contained(name: str, method: str, dtype, count: int = 40, **options) -> None:
+    """`method`'s bounds on the float-trap net `name` contain its exact (mpmath) values at
+    every corner and `count` uniform points, with no tolerance."""
+    net, low, high = make_trap(name, dtype)
+    b = verify.bounds(net, lower=low, upper=high, method=method, **options)
+    lower, upper = mp_vector(b.lower[0]), mp_vector(b.upper[0])
+    for x in points(low, high, count, seed=3):
+        values = exact_forward(net, mp_vector(x))
+        for j, v in enumerate(values):
+            assert lower[j] <= v <= upper[j], (j, float(v), float(lower[j]), float(upper[j]))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("name", list(FLOAT_TRAPS))
 def test_float_traps_contain_the_exact_values(name, method, dtype):
-    net, low, high = make_trap(name, dtype)
-    b = verify.bounds(net, lower=low, upper=high, method=method)
-    lower, upper = mp_vector(b.lower[0]), mp_vector(b.upper[0])
-    for x in points(low, high, 40, seed=3):
-        values = exact_forward(net, mp_vector(x))
-        for j, v in enumerate(values):
-            assert lower[j] <= v <= upper[j], (j, float(v), float(lower[j]), float(upper[j]))
+    assert_trap_contained(name, method, dtype)
 
 
 def test_the_helpers_round_outward():
