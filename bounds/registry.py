@@ -33,7 +33,7 @@ from bounds.methods.crown import (
     split_output,
 )
 from bounds.methods.ibp import ibp
-from bounds.methods.pacing import deadline_of
+from bounds.methods.pacing import deadline_of, passed
 from bounds.types import Interval
 
 MethodResult = tuple[Tensor, Tensor, dict[str, Interval], dict[str, Any]]
@@ -176,6 +176,8 @@ def _decomposition(solve_fn):
         c = output_functional(graph, C)
         net = decompose(graph)
         problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
+        if passed(deadline):  # the start took the time: its bound (sound)
+            return _floored(graph, C, intervals, DualResult(start, init, {"iterations": 0}), start)
         # The solvers' value holds in exact arithmetic; the reported one is certified in floats
         # (`certified_value`). Its pass is timed once at the start duals, and kept back from
         # the solver's time: when the rest would still end past the deadline, the start's
@@ -213,6 +215,8 @@ def _anderson(solve_fn):
         intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
         problem = problem_from_graph(graph, box, intervals, c, layers)
         init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
+        if passed(deadline):  # the start took the time: its bound (sound)
+            return _floored(graph, C, intervals, DualResult(floor, init, {"iterations": 0}), floor)
         # certified in floats as the decomposition's are (`_decomposition`)
         tick = time.monotonic()
         certified = torch.maximum(floor, certified_anderson_value(problem, (), init))

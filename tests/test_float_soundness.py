@@ -214,12 +214,15 @@ def test_a_float32_bound_too_high_is_caught_in_input_splitting(monkeypatch):
 
 
 @pytest.mark.parametrize("splitting", ["input", "relu"])
-def test_float64_networks_need_no_recheck(splitting, monkeypatch):
+def test_float64_networks_are_rechecked_too(splitting, monkeypatch):
+    """A float64 search's bounds do not track their rounding either: its closing bounds are
+    rechecked with tracking, and none of this true unsat's fails."""
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     net, prop = milp_unsat(0)
     result = verify.verify(copy.deepcopy(net).double(), prop, timeout=20, splitting=splitting)
     assert result.status == "unsat"
-    assert result.stats["regions"][0]["rechecked"] == 0
+    assert result.stats["regions"][0]["rechecked"] > 0
+    assert result.stats["regions"][0]["recheck_failed"] == 0
 
 
 def test_relu_root_intervals_are_the_float64_ones_rounded_outwards():

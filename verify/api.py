@@ -173,6 +173,7 @@ def bounds(
     pre-activation node's name to its `Interval`.
     """
     start = time.perf_counter()
+    limits = _budget(budget)
     chosen = get_method(method)
     cfg = _config(chosen, config, options, compile)
     shape_hint = input_shape or getattr(net, "input_shape", None)
@@ -187,10 +188,11 @@ def bounds(
     n_out = int(torch.Size(graph.output.shape).numel())
     spec = output_spec(C, box.lower.shape[0], n_out, dtype, box.lower.device)
     given = _node_bounds(graph, node_bounds, box)
+    if limits is not None and limits.seconds is not None:  # the seconds count from the call
+        left = limits.seconds - (time.perf_counter() - start)
+        limits = Budget(limits.iterations, max(left, 1e-6))
     with torch.no_grad():
-        low, up, intervals, stats = chosen.run(
-            graph, box, spec, cfg, _budget(budget), given, exact
-        )
+        low, up, intervals, stats = chosen.run(graph, box, spec, cfg, limits, given, exact)
     if not (torch.isfinite(low).all() and torch.isfinite(up).all()):
         raise InvalidNetworkError("bounds are not finite: check the weights' magnitudes")
     pre = {name: intervals[name] for name in graph.pre_activation_names()}

@@ -40,8 +40,10 @@ from bounds.dual.anderson import (
     dual_value,
     problem_from_layers,
 )
+from bounds.dual.anderson_certified import certified_anderson_value
+from bounds.dual.certified import certified_value
 from bounds.dual.dag import Decomposition, decompose
-from bounds.dual.decomposition import evaluate, initial_duals, problem_from_intervals
+from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.proximal import ProximalConfig, solve
 from bounds.types import Interval
 
@@ -57,7 +59,8 @@ class AndersonStart(NamedTuple):
 
 
 class SplitBounds(NamedTuple):
-    """What a hard bounder returns: `lower [N, S]`, its float64 twin (None unless asked), the
+    """What a hard bounder returns: `lower [N, S]`, its float64 twin certified in floating point
+    (`bounds.dual.certified`, `bounds.dual.anderson_certified`; None unless asked), the
     duals it ended at as a warm start for the domains' children (None: the bounder keeps none),
     and `warm [N, S]` bool, where it started from the `warm` start given (None: none given)."""
 
@@ -83,9 +86,9 @@ def prox_split_bounds(
     splits), `slopes` per activation `[N, S, *shape]` in `net.acts` order (the start duals).
     `net`: `decompose(graph)` of any graph (chains, residual, concatenating). Any dual point is
     valid; the solver returns its best (float64-checked) within `iterations` sweeps and the
-    `deadline` (`time.monotonic()`). `exact = (net64, intervals64, c64)`: the same duals are
-    also evaluated in float64 for that objective and those intervals (second result, else
-    None): the float64 bound that may close a domain. No warm start (`warm` must be None)."""
+    `deadline` (`time.monotonic()`). `exact = (net64, intervals64, c64)`: the same duals'
+    bound certified in float64 for that objective and those intervals (`certified_value`;
+    second result, else None): the bound that may close a domain. No warm start (`warm` must be None)."""
     if warm is not None:
         raise ValueError("the proximal bounder takes no warm start")
     problem = problem_from_intervals(net, box, intervals, c)
@@ -95,9 +98,8 @@ def prox_split_bounds(
         return SplitBounds(result.lower, None)
     net64, intervals64, c64 = exact
     box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
-    problem64 = problem_from_intervals(net64, box64, intervals64, c64)
-    value64, _ = evaluate(problem64, result.duals.to(torch.float64))
-    return SplitBounds(result.lower, value64)
+    every = net64.graph.interval(box64, intervals64)  # the tracked pass reads every node's
+    return SplitBounds(result.lower, certified_value(net64, box64, every, c64, result.duals.rho))
 
 
 def anderson_split_bounds(
@@ -134,7 +136,8 @@ def anderson_split_bounds(
     net64, intervals64, c64 = exact
     box64 = Interval(box.lower.to(torch.float64), box.upper.to(torch.float64))
     p64 = problem_from_layers(net64, box64, intervals64, c64)
-    return SplitBounds(result.lower, dual_value(p64, result.cuts, result.duals), start, used)
+    value64 = certified_anderson_value(p64, result.cuts, result.duals)
+    return SplitBounds(result.lower, value64, start, used)
 
 
 def _better_start(

@@ -41,9 +41,16 @@ from bounds.compile import (
     step_function,
 )
 from bounds.graph import Graph
-from bounds.methods.crown import backward_pass, relax_backward
+from bounds.methods.crown import (
+    backward_pass,
+    output_interval,
+    pairing,
+    relax_backward,
+    relax_rounding,
+)
 from bounds.methods.pacing import Pacer
 from bounds.optim import adam_ascent
+from bounds.rounding import error_bound, magnitude
 from bounds.types import Interval
 
 
@@ -119,25 +126,41 @@ def backward(
     splits: dict[str, Tensor],
     alpha: dict[str, Tensor] | None = None,
     beta: dict[str, Tensor] | None = None,
+    tracked: bool = False,
 ) -> SplitBackward:
     """Lower bounds of `C . y` on each split domain (see the module docstring). `intervals`
     must already be clamped by `splits` (`split_intervals`); `alpha` None: CROWN's adaptive
-    slopes; `beta` None: zero."""
+    slopes; `beta` None: zero. `tracked`: the bound holds in floating point (the pass's
+    rounding bounded against IBP intervals of every node, intersected with `intervals`:
+    `backward_pass`; the split term `- beta s` is one more rounding of the functional); else
+    not (the search's passes; branch and bound rechecks the closing ones tracked)."""
     act_coeffs: dict[str, Tensor] = {}
+    every = graph.interval(box, intervals) if tracked else None
 
-    def relax(node, coeff: Tensor) -> tuple[Tensor, Tensor, None]:
+    def relax(node, coeff: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         act_coeffs[node.name] = coeff
         pre = node.inputs[0]
         iv, slopes = intervals[pre], None if alpha is None else alpha.get(node.name)
         lower, upper = iv.lower.unsqueeze(1), iv.upper.unsqueeze(1)
         lines = node.op.relaxation.linear_bounds(lower, upper, slopes)
-        coeff, bias = relax_backward(coeff, lines)
+        new, bias = relax_backward(coeff, lines)
+        split = None
         if beta is not None and node.name in beta:
-            coeff = coeff - beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)
-        return coeff, bias, None  # rounding not tracked: branch and bound rechecks in float64
+            split = beta[node.name] * splits[pre].unsqueeze(1).to(coeff.dtype)  # exact: s = +-1
+            new = new - split
+        if every is None:
+            return new, bias, None
+        size_in = magnitude(every[pre]).unsqueeze(1)
+        size_out = magnitude(output_interval(node, every)).unsqueeze(1)
+        err = relax_rounding(coeff, new, lines, size_in, size_out, node.op.rounding_ulps())
+        if split is not None:  # the subtraction, relative to both parts
+            with torch.no_grad():
+                parts = (new.detach() + split.detach()).abs() + split.detach().abs()
+                err = err + error_bound(pairing(parts, size_in), 1, 1)
+        return new, bias, err
 
     A = C.reshape(*C.shape[:2], *graph.output.shape)
-    total, input_coeff = backward_pass(graph, graph.output.name, A, box, relax)
+    total, input_coeff = backward_pass(graph, graph.output.name, A, box, relax, every)
     if input_coeff is None:  # the output does not depend on the input
         input_coeff = C.new_zeros(*C.shape[:2], *graph.input.shape)
     return SplitBackward(total, act_coeffs, input_coeff)

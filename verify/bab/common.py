@@ -3,11 +3,12 @@ loop (`RegionSearch.run`), the outcome of one region, the deadline exception, th
 counterexample checks, the adaptive batch size, the outward-rounded root box and the float64
 side of the searches (`Float64Check`).
 
-Soundness under rounding: a float32 search computes its bounds in float32, whose rounding can
-put a bound above the true minimum. A domain is therefore pruned only after the bound that
-closes it has been evaluated again in float64 with the same relaxation (the same box, method,
-slopes and split multipliers; intermediate bounds computed in float64 and rounded outwards
-to float32 for the search) and still exceeds the threshold. Float64 networks need no recheck.
+Soundness under rounding: a search computes its bounds without tracking their rounding (in
+float32 for a float32 network), which can put a bound above the true minimum. A domain is
+therefore pruned only after the bound that closes it has been evaluated again in float64 with
+its rounding tracked (`bounds.rounding`), with the same relaxation (the same box, method,
+slopes, split multipliers and duals; intermediate bounds computed in float64 and rounded
+outwards to float32 for the search) and still exceeds the threshold; float64 networks too.
 """
 
 from __future__ import annotations
@@ -315,16 +316,16 @@ def outward_box(region: Region, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 class Float64Check:
-    """The float64 side of a search on a float32 network: the graph in float64, the unsafe
-    polytopes' rows as in the VNN-LIB file (`spec`, with the search's row combinations when
-    `combine`), the pruning tolerance `tol [m]` and the counters `rechecked`, `recheck_failed`
-    and `recheck_seconds` in `stats`. `active`: False for float64 networks or when
-    `config.float64_recheck` is off (then `graph` and `spec` are the network's own)."""
+    """The float64 side of a search: the graph in float64, the unsafe polytopes' rows as in the
+    VNN-LIB file (`spec`, with the search's row combinations when `combine`), the pruning
+    tolerance `tol [m]` and the counters `rechecked`, `recheck_failed` and `recheck_seconds` in
+    `stats`. `active`: False when `config.float64_recheck` is off (then `graph` and `spec` are
+    the network's own)."""
 
     def __init__(self, graph: Graph, region: Region, config, stats: dict, combine: bool):
         consts = [t for n in graph.nodes[1:] for t in n.op.constants()]
         like = consts[0] if consts else torch.zeros(())
-        self.active = bool(config.float64_recheck) and like.dtype != torch.float64
+        self.active = bool(config.float64_recheck)
         dtype = torch.float64 if self.active else like.dtype
         self.graph = graph.to(torch.float64, like.device) if self.active else graph
         spec = UnsafeSpec.of(region, dtype, like.device)

@@ -117,8 +117,8 @@ class BabConfig:
     worst open domains; corner_domains: open domains whose corners are tried (inputs of at most
     6 dimensions); max_domains: open domains beyond which the answer is "unknown";
     prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding);
-    float64_recheck: a float32 network's closing bounds are evaluated again in float64 before
-    a domain is pruned (off only to measure what it costs: float32 rounding can then prune a
+    float64_recheck: closing bounds are evaluated again in float64, their rounding tracked,
+    before a domain is pruned (off only to measure what it costs: rounding can then prune a
     domain that holds a counterexample; see `common.Float64Check`). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
     inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`

@@ -369,7 +369,7 @@ class ReluBounder:
         result = beta_crown.backward(
             t.check.graph, t.box64, spec.C[rows], self.intervals(splits, self.base64),
             layout.views(splits, layout.pres), layout.views(alpha[closed].to(f64), layout.acts),
-            layout.views(beta[closed].to(f64), layout.acts),
+            layout.views(beta[closed].to(f64), layout.acts), tracked=True,
         )  # fmt: skip
         values64 = result.lower - spec.b[rows]
         bad = (values64 - t.check.tol[rows]).amax(1) <= 0
