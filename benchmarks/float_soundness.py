@@ -15,7 +15,9 @@ the mean relative width added (|new - old| / |old| of the final bounds).
     python -m benchmarks.float_soundness [--baseline REV] [--samples 300] [--only acas,...]
 
 The baseline runs from a `git worktree` of REV (default: the commit before `bounds/rounding.py`
-existed), made by `benchmarks/side_by_side.base_tree`. Writes results/float_soundness.{json,md}.
+existed), made by `benchmarks/side_by_side.base_tree`; each network runs in its own worker
+process per checkout (a network too large for the memory left costs its row only). Writes
+results/NAME.{json,md} (the JSON after every network).
 """
 
 from __future__ import annotations
@@ -125,31 +127,56 @@ def time_calls(name: str, repeats: int = 5) -> dict:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Runs in the checkout on sys.path; prints one JSON document."""
+    """Runs in the checkout on sys.path; prints one JSON document: one network's row
+    (`--net`), or the timing rows (`--timing`)."""
+    torch.set_num_threads(1)
+    if args.timing:
+        print(json.dumps([time_calls(name) for name in TIMED]))
+        return
+    path = Path(args.net)
+    try:
+        row = check_network(path, args.samples)
+    except Exception as err:
+        row = {
+            "net": str(path.relative_to(path.parents[3])),
+            "error": f"{type(err).__name__}: {err}"[:200],
+        }
+    print(json.dumps(row))
+
+
+def _run_worker(code: Path, extra: list[str], samples: int):
+    """This file as a script in `code`'s checkout (the baseline may not have it; `verify`,
+    `bounds` and `benchmarks.coverage` then import from `code`): its JSON, or None when the
+    worker died (a network too large for the memory left, killed)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--samples", str(samples),
+           *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None, f"worker exited with {done.returncode}: {done.stderr.strip()[-160:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1]), None
+
+
+def run_both(base: Path, args: argparse.Namespace, out: Path) -> tuple[dict, dict]:
+    """Every network in its own worker per checkout (memory is returned between networks;
+    a worker that dies costs its row only), the partial results saved after each."""
     from benchmarks.coverage import networks
 
-    torch.set_num_threads(1)
     only = [s for s in args.only.split(",") if s]
-    nets = [p for label, p in networks() if not only or any(s in str(p) for s in only)]
-    rows = []
-    for path in nets:
-        try:
-            rows.append(check_network(path, args.samples))
-        except Exception as err:
-            rows.append({"net": str(path), "error": f"{type(err).__name__}: {err}"[:200]})
-        print(f"[{len(rows)}/{len(nets)}] {rows[-1]['net']}", file=sys.stderr, flush=True)
-    timing = [time_calls(name) for name in TIMED] if not args.no_timing else []
-    print(json.dumps({"rows": rows, "timing": timing}))
-
-
-def run_checkout(code: Path, args: argparse.Namespace) -> dict:
-    # this file as a script (the baseline may not have it); `verify`, `bounds` and
-    # `benchmarks.coverage` then import from `code` (PYTHONPATH)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--samples",
-           str(args.samples), "--only", args.only] + (["--no-timing"] if args.no_timing else [])  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    nets = [p for _, p in networks() if not only or any(s in str(p) for s in only)]
+    old, new = {"rows": [], "timing": []}, {"rows": [], "timing": []}
+    for i, path in enumerate(nets):
+        for code, result in ((base, old), (ROOT, new)):
+            row, error = _run_worker(code, ["--net", str(path)], args.samples)
+            if row is None:
+                row = {"net": str(path.relative_to(path.parents[3])), "error": error}
+            result["rows"].append(row)
+        print(f"[{i + 1}/{len(nets)}] {new['rows'][-1]['net']}", file=sys.stderr, flush=True)
+        out.write_text(json.dumps({"partial": True, "new": new, "old": old}))
+    if not args.no_timing:
+        for code, result in ((base, old), (ROOT, new)):
+            result["timing"] = _run_worker(code, ["--timing"], args.samples)[0] or []
+    return old, new
 
 
 def baseline_revision() -> str:
@@ -173,12 +200,12 @@ def summary(new: dict, old: dict) -> str:
                 totals[m][0] += a["outside"]
             if "outside" in b:
                 totals[m][1] += b["outside"]
-            fa = a.get("outside", a.get("error", "-"))
-            fb = b.get("outside", b.get("error", "-"))
+            fa = a.get("outside", a.get("error", o.get("error", "-")[:60]))
+            fb = b.get("outside", b.get("error", r.get("error", "-")[:60]))
             cells.append(f"{fa} -> {fb}")
         lines.append(f"| {r['net']} | {r.get('box', '')} | " + " | ".join(cells) + " |")
     lines.append("| **total** | | " + " | ".join(f"{a} -> {b}" for a, b in totals.values()) + " |")
-    if new["timing"]:
+    if new["timing"] and old["timing"]:
         lines += ["", "| network | method | seconds before | after | ratio | "
                   "width added / abs(bound): mean, max (negative: tighter) |", "|---|---|---|---|---|---|"]  # fmt: skip
         for tn, to in zip(new["timing"], old["timing"]):
@@ -201,18 +228,19 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated substrings of network paths")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--net", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--timing", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--name", default="float_soundness")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     rev = args.baseline or baseline_revision()
-    old = run_checkout(base_tree(rev), args)
-    new = run_checkout(ROOT, args)
+    out = ROOT / "benchmarks" / "results"
+    old, new = run_both(base_tree(rev), args, out / f"{args.name}.json")
     text = f"# python -m benchmarks.float_soundness --samples {args.samples} (baseline {rev})\n\n"
     text += summary(new, old) + "\n"
     print(text)
-    out = ROOT / "benchmarks" / "results"
     (out / f"{args.name}.md").write_text(text)
     (out / f"{args.name}.json").write_text(json.dumps({"baseline": rev, "new": new, "old": old}))
 
