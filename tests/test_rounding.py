@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -101,6 +102,80 @@ def assert_trap_contained(name: str, method: str, dtype, count: int = 40, **opti
 @pytest.mark.parametrize("name", list(FLOAT_TRAPS))
 def test_float_traps_contain_the_exact_values(name, method, dtype):
     assert_trap_contained(name, method, dtype)
+
+
+# --- the exact extremes of the one-hidden-layer ReLU traps, in rational arithmetic ---------
+
+
+def _solve_exact(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction] | None:
+    """The solution of the square system (Gauss-Jordan in fractions), None when singular."""
+    n = len(rows)
+    m = [[*r, b] for r, b in zip(rows, rhs)]
+    for col in range(n):
+        pivot = next((r for r in range(col, n) if m[r][col] != 0), None)
+        if pivot is None:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col and m[r][col] != 0:
+                f = m[r][col] / m[col][col]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _exact_value(net: nn.Sequential, x: list[Fraction]) -> list[Fraction]:
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            W = [[Fraction(float(w)) for w in row] for row in layer.weight]
+            b = [Fraction(float(v)) for v in layer.bias]
+            x = [sum((w * v for w, v in zip(row, x)), Fraction(0)) + bi for row, bi in zip(W, b)]
+        elif isinstance(layer, nn.ReLU):
+            x = [max(v, Fraction(0)) for v in x]
+        elif isinstance(layer, Shift):
+            x = [v - Fraction(float(c)) for v, c in zip(x, layer.c)]
+        else:
+            raise TypeError(type(layer).__name__)
+    return x
+
+
+def exact_extremes(net: nn.Sequential, low: list[float], high: list[float]):
+    """`(min, max)` of every output over the box, exactly, for Linear, ReLU, then Linear and
+    Shift layers: a continuous piecewise-linear function attains them at a vertex of the
+    arrangement of the hidden neurons' hyperplanes and the box's faces (every linear piece is
+    a polytope of the box whose vertices lie on n of them)."""
+    first = net[0]
+    W = [[Fraction(float(w)) for w in row] for row in first.weight]
+    b = [Fraction(float(v)) for v in first.bias]
+    n = len(low)
+    planes = [(row, -bi) for row, bi in zip(W, b)]
+    for j in range(n):
+        unit = [Fraction(int(i == j)) for i in range(n)]
+        planes += [(unit, Fraction(low[j])), (unit, Fraction(high[j]))]
+    lo, hi = None, None
+    for chosen in itertools.combinations(planes, n):
+        x = _solve_exact([p[0] for p in chosen], [p[1] for p in chosen])
+        if x is None or any(not Fraction(a) <= v <= Fraction(c) for v, a, c in zip(x, low, high)):
+            continue
+        y = _exact_value(net, x)
+        lo = y if lo is None else [min(a, v) for a, v in zip(lo, y)]
+        hi = y if hi is None else [max(a, v) for a, v in zip(hi, y)]
+    return lo, hi
+
+
+ONE_HIDDEN = ("huge_weights", "thin_box")
+
+
+@pytest.mark.parametrize("method", [*METHODS, "lp", "prox", "big-m", "active-set"])
+@pytest.mark.parametrize("name", ONE_HIDDEN)
+def test_one_hidden_traps_are_bounded_by_their_exact_extremes(name, method):
+    """No bound above the exact minimum (below the exact maximum), in rational arithmetic."""
+    for dtype in DTYPES:
+        net, low, high = make_trap(name, dtype)
+        lo, hi = exact_extremes(net, low[0].tolist(), high[0].tolist())
+        b = verify.bounds(net, lower=low, upper=high, method=method)
+        for j in range(len(lo)):
+            assert Fraction(float(b.lower[0, j])) <= lo[j], (dtype, j, float(lo[j]))
+            assert Fraction(float(b.upper[0, j])) >= hi[j], (dtype, j, float(hi[j]))
 
 
 def test_the_helpers_round_outward():
