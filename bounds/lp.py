@@ -370,7 +370,7 @@ def planet_lp(
     # (weak duality for any multipliers; at the LP's optimal ones it is the LP's optimum),
     # certified in floating point (`bounds.dual.certified`).
     batch, specs = C.shape[:2]
-    duals = stats.pop("duals")
+    duals = stats.pop("duals", {})  # none without activations
     rho = [duals[e.pre].reshape(batch, 2 * specs, *graph[e.pre].shape) for e in net.edges]
     certified = certified_value(net, box, intervals, output_functional(graph, C), rho)
     if fallback is not None:
