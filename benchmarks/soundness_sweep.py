@@ -18,6 +18,10 @@ PGD points means the bounds are tight); mean gap = mean over rows of
 finish keep no bound (reported as `rows k/R`). Every method runs in a child process with a wall
 limit (cvxpy's Clarabel fallback has no time limit of its own).
 
+Also `--nets vnncomp2023` (every network of that folder on its first property's box, its first
+10 outputs; or `vnncomp2023:<path substring>`) and `--nets traps` (the float-trap zoo of
+`tests/model_zoo.py` in float32; or `trap:<name>`).
+
 Usage: python benchmarks/soundness_sweep.py [--points N] [--nets acasxu,mnist_fc,oval]
        [--methods ibp,crown,...] [--quick] [--dtype float32|float64]
 Writes benchmarks/results/soundness_sweep.json and .md (or --out-dir).
@@ -112,8 +116,72 @@ CASES = {  # name: (VNN-COMP 2022 benchmark, network, property; None: a CIFAR-10
 }
 
 
+def known_case(name: str) -> bool:
+    """One of NETS, `vnncomp2023:<substring of a network's path>` or `trap:<FLOAT_TRAPS name>`."""
+    kind, _, rest = name.partition(":")
+    if kind == "vnncomp2023":
+        return any(rest in str(p) for p in vnncomp2023_networks())
+    if kind == "trap":
+        from tests.model_zoo import FLOAT_TRAPS
+
+        return rest in FLOAT_TRAPS
+    return name in CASES
+
+
+def expand_nets(names: str) -> list[str]:
+    """`--nets` with `vnncomp2023` (every network of that folder) and `traps` (the float-trap
+    zoo) expanded."""
+    from tests.model_zoo import FLOAT_TRAPS
+
+    out = []
+    for name in names.split(","):
+        if name == "vnncomp2023":
+            out += [
+                f"vnncomp2023:{p.relative_to(DATA / 'vnncomp2023')}" for p in vnncomp2023_networks()
+            ]
+        elif name == "traps":
+            out += [f"trap:{t}" for t in FLOAT_TRAPS]
+        else:
+            out.append(name)
+    return out
+
+
+def vnncomp2023_networks() -> list[Path]:
+    from benchmarks.coverage import networks
+
+    return [p for _, p in networks() if "vnncomp2023" in str(p)]
+
+
+def _other_case(name: str) -> Case:
+    """A `vnncomp2023:` network on its first property's box (`benchmarks.coverage`; an eps
+    ball when it has none), its first 10 outputs as the rows; or a float-trap net in float32
+    on its box, every output a row."""
+    kind, _, rest = name.partition(":")
+    if kind == "trap":
+        from tests.model_zoo import make_trap
+
+        net, lower, upper = make_trap(rest, torch.float32)
+        source = f"float trap {rest} (tests/model_zoo.py), float32"
+    else:
+        from benchmarks.coverage import first_property, input_box
+
+        path = next(p for p in vnncomp2023_networks() if rest in str(p))
+        net = verify.load_onnx(path)
+        low64, high64, where = input_box(net, first_property(path))
+        dtype = next((t.dtype for t in net.parameters()), torch.float32)
+        lower, upper = low64.to(dtype), high64.to(dtype)
+        source = f"{path.relative_to(DATA)}, {where}"
+    with torch.no_grad():
+        n_out = int(net(lower).reshape(1, -1).shape[1])
+    k = min(10, n_out)
+    C = torch.eye(n_out, dtype=lower.dtype)[:k][None]
+    return Case(name, net, lower, upper, C, [row_name(c) for c in C[0]], source)
+
+
 def load_case(name: str) -> Case:
-    """The sweep's case `name` (one of NETS) from the shared data folder."""
+    """The sweep's case `name` (`known_case`) from the shared data folder or the trap zoo."""
+    if ":" in name:
+        return _other_case(name)
     if name not in CASES:
         raise ValueError(f"unknown net {name!r}; choose from {', '.join(NETS)}")
     bench, net_name, prop_name = CASES[name]
@@ -571,8 +639,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.milp_budget = args.milp_budget or (60.0 if args.quick else 600.0)
     args.milp_solve_limit = args.milp_solve_limit or (20.0 if args.quick else 120.0)
     unknown = set(args.methods.split(",")) - set(available_methods())
-    if unknown or set(args.nets.split(",")) - set(NETS):
-        parser.error(f"unknown methods or nets: {sorted(unknown) or args.nets}")
+    args.nets = ",".join(expand_nets(args.nets))
+    bad = [n for n in args.nets.split(",") if not known_case(n)]
+    if unknown or bad:
+        parser.error(f"unknown methods or nets: {sorted(unknown) or bad}")
     return args
 
 
