@@ -30,6 +30,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -253,8 +254,10 @@ HIGHS_LIMIT_SHARE = 0.5  # of the time left, given to HiGHS as its time limit un
 
 def _solve(problem, config: LpConfig, integer: bool, deadline: float | None) -> float | None:
     """Optimal value; a MILP is solved to a zero gap (its primal value is then the minimum).
-    None when `deadline` (`time.monotonic()`) passed before a solver proved optimality: a
-    primal value at a time limit is not a lower bound."""
+    None when `deadline` (`time.monotonic()`) passed before a solver proved optimality (a
+    primal value at a time limit is not a lower bound), or when no solver could solve it
+    (intervals of 1e30 are beyond HiGHS's infinity of 1e20: its status is then unknown or
+    unbounded), with a warning: the caller keeps its fallback bound."""
     cp, _ = _cvxpy()
     order = ["HIGHS", "CLARABEL"] if config.solver == "HIGHS" and not integer else ["HIGHS"]
     if config.solver == "CLARABEL" and not integer:
@@ -280,15 +283,20 @@ def _solve(problem, config: LpConfig, integer: bool, deadline: float | None) -> 
                     problem.solve(solver=solver, time_limit=limit, output_flag=False, **gap)
             else:
                 problem.solve(solver=solver, time_limit=limit)
-        except cp.error.SolverError:
+        except (cp.error.SolverError, ValueError):  # ValueError: cvxpy cannot unpack the status
             continue
         if problem.status == cp.OPTIMAL:
             return float(problem.value)
         if deadline is not None and problem.status == cp.USER_LIMIT:
             return None  # stopped at its share of the time left: the budget is spent
-    if deadline is not None and time.monotonic() >= deadline:
-        return None
-    raise RuntimeError(f"LP/MILP solve failed (status {problem.status})")
+    if deadline is None or time.monotonic() < deadline:
+        warnings.warn(
+            f"the LP/MILP solvers could not solve this problem (status {problem.status}); "
+            "its fallback bound is kept",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return None
 
 
 def _optimise(
@@ -319,8 +327,10 @@ def _optimise(
         for s in range(sides * specs):
             c.value = flat_C[b, s % specs] * (1.0 if s < specs else -1.0)
             value = _solve(problem, config, integer, deadline)
-            if value is None:
-                break
+            if value is None:  # past the deadline, or not solvable: the fallback stays
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                continue
             values[b, s] = max(value, values[b, s])
             for name in duals_of:
                 dual = equalities[name].dual_value if name in equalities else None

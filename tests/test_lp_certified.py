@@ -12,7 +12,7 @@ import verify
 from bounds.lp import milp, planet_lp
 from bounds.methods.crown import crown
 from bounds.types import Interval
-from tests.model_zoo import make
+from tests.model_zoo import make, make_trap
 from tests.test_rounding import assert_trap_contained
 
 pytest.importorskip("cvxpy")
@@ -63,3 +63,16 @@ def test_a_wrong_optimum_from_the_solver_does_not_reach_the_bound(monkeypatch):
 @pytest.mark.parametrize("name", ["huge_weights", "thin_box", "trap"])
 def test_float_traps_contain_the_exact_values(name):
     assert_trap_contained(name, "lp", torch.float32, count=20)
+
+
+def test_a_problem_the_solver_cannot_solve_keeps_the_fallback():
+    """deep_narrow's intervals reach 1e30, beyond HiGHS's infinity (1e20): its status is not
+    optimal. The LP method warns, counts the solves left unsolved and keeps the interval bound
+    (sound) instead of failing."""
+    net, low, high = make_trap("deep_narrow", torch.float32)
+    with pytest.warns(RuntimeWarning, match="could not solve"):
+        b = verify.bounds(net, lower=low, upper=high, method="lp")
+    assert b.stats["unsolved"] > 0
+    assert torch.isfinite(b.lower).all() and torch.isfinite(b.upper).all()
+    with pytest.warns(RuntimeWarning, match="could not solve"):
+        assert_trap_contained("deep_narrow", "lp", torch.float32, count=20)
