@@ -131,6 +131,25 @@ def _activations_before(graph: Graph, start: str) -> list[str]:
     return [n.name for n in graph.activations() if n.name in ancestors]
 
 
+# Slope elements of the intermediate targets (each with Adam's two moments and its gradient)
+# beyond which the later targets keep CROWN's intervals (valid): 2^27, 0.5 GiB in float32 each
+# (cGAN 64x64 of VNN-COMP 2023 asked for 5.9 GB in one tensor).
+MAX_SLOPE_ELEMENTS = 1 << 27
+
+
+def _within_memory(graph: Graph, batch: int, targets: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The targets, in order, whose slopes (`[B, 2, k, *act_shape]` per activation before
+    each) fit in `MAX_SLOPE_ELEMENTS` together; no allocation is started past it."""
+    kept, total = {}, 0
+    for name, index in targets.items():
+        size = sum(torch.Size(graph[a].shape).numel() for a in _activations_before(graph, name))
+        total += batch * 2 * index.numel() * size
+        if total > MAX_SLOPE_ELEMENTS:
+            break
+        kept[name] = index
+    return kept
+
+
 def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     """CROWN's adaptive slopes, one copy per (start, activation): `[B, 2, k, *shape]` for an
     intermediate start with k neurons, `[B, 2S, *shape]` for the output; an activation whose
@@ -353,11 +372,13 @@ def alpha_crown(
         else crown_intervals(graph, box, deadline=stop_at, exact=exact, durations=durations)
     )
     targets = {}
-    if config.optimize_intermediate and not passed(stop_at):  # past it: the output's slopes only
+    skip = passed(stop_at) or predicted_past(stop_at, durations)  # the output's slopes only
+    if config.optimize_intermediate and not skip:
         for name in needs_crown(graph):
             index = unstable_indices(graph, name, base[name])
             if index.numel():
                 targets[name] = index
+        targets = _within_memory(graph, box.lower.shape[0], targets)
     batch = box.lower.shape[0]
     chunks = {n: neuron_chunk(graph, batch, index.numel()) for n, index in targets.items()}
     problem = _Problem(graph, box, C, base, targets, (), chunks)
