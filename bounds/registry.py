@@ -166,6 +166,25 @@ def _floored(graph, C, intervals, result, floor) -> MethodResult:
     return lower, upper, intervals, {**result.stats, "duals": result.duals}
 
 
+def _certified_run(graph, C, intervals, floor, init, deadline, solve, certify, start_point):
+    """A dual method's result with its reported bound certified in floating point: the
+    solvers' values hold in exact arithmetic only, so the bound is `certify(point)` at the
+    result's `certificate` (`bounds.dual.certified`, `bounds.dual.anderson_certified`), never
+    below `floor` nor `certify(start_point)`. That pass is timed once at the start and kept
+    back from `solve(deadline)`'s time; when the time is gone (before the solver, or before
+    the last pass) the bounds already certified are kept."""
+    if passed(deadline):  # the start took the time: its bound (sound)
+        return _floored(graph, C, intervals, DualResult(floor, init, {"iterations": 0}), floor)
+    tick = time.monotonic()
+    certified = torch.maximum(floor, certify(start_point))
+    cost = time.monotonic() - tick
+    result = solve(None if deadline is None else deadline - 1.5 * cost)
+    if deadline is None or time.monotonic() + cost < deadline:
+        certified = torch.maximum(certified, certify(result.certificate))
+    stats = {**result.stats, "dual_value": result.lower}
+    return _floored(graph, C, intervals, DualResult(certified, result.duals, stats), floor)
+
+
 def _decomposition(solve_fn):
     """A Lagrangian-decomposition method: intermediate bounds, start duals (CROWN's or
     alpha-CROWN's), then `solve_fn`. The result is never below its start (nor the output's
@@ -176,21 +195,11 @@ def _decomposition(solve_fn):
         c = output_functional(graph, C)
         net = decompose(graph)
         problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
-        if passed(deadline):  # the start took the time: its bound (sound)
-            return _floored(graph, C, intervals, DualResult(start, init, {"iterations": 0}), start)
-        # The solvers' value holds in exact arithmetic; the reported one is certified in floats
-        # (`certified_value`). Its pass is timed once at the start duals, and kept back from
-        # the solver's time: when the rest would still end past the deadline, the start's
-        # bound (sound) is kept.
-        tick = time.monotonic()
-        certified = torch.maximum(start, certified_value(net, box, intervals, c, init.rho))
-        cost = time.monotonic() - tick
-        solver_deadline = None if deadline is None else deadline - 1.5 * cost
-        result = solve_fn(problem, config, init, budget, solver_deadline)
-        if deadline is None or time.monotonic() + cost < deadline:
-            certified = certified_value(net, box, intervals, c, result.duals.rho)
-        stats = {**result.stats, "dual_value": result.lower}
-        return _floored(graph, C, intervals, DualResult(certified, result.duals, stats), start)
+        return _certified_run(
+            graph, C, intervals, start, init, deadline,
+            lambda at: solve_fn(problem, config, init, budget, at),
+            lambda rho: certified_value(net, box, intervals, c, rho), init.rho,
+        )  # fmt: skip
 
     return run
 
@@ -215,20 +224,11 @@ def _anderson(solve_fn):
         intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
         problem = problem_from_graph(graph, box, intervals, c, layers)
         init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
-        if passed(deadline):  # the start took the time: its bound (sound)
-            return _floored(graph, C, intervals, DualResult(floor, init, {"iterations": 0}), floor)
-        # certified in floats as the decomposition's are (`_decomposition`)
-        tick = time.monotonic()
-        certified = torch.maximum(floor, certified_anderson_value(problem, (), init))
-        cost = time.monotonic() - tick
-        solver_deadline = None if deadline is None else deadline - 1.5 * cost
-        result = solve_fn(problem, config, init, budget, solver_deadline)
-        if deadline is None or time.monotonic() + cost < deadline:
-            duals, cuts = result.certificate
-            checked = certified_anderson_value(problem, cuts, duals)
-            certified = torch.maximum(certified, checked)
-        stats = {**result.stats, "dual_value": result.lower}
-        return _floored(graph, C, intervals, DualResult(certified, result.duals, stats), floor)
+        return _certified_run(
+            graph, C, intervals, floor, init, deadline,
+            lambda at: solve_fn(problem, config, init, budget, at),
+            lambda point: certified_anderson_value(problem, point[1], point[0]), (init, ()),
+        )  # fmt: skip
 
     return run
 

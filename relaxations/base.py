@@ -254,7 +254,6 @@ def polygon_vertices(
     flatter = torch.where(lines_s[i].abs() <= lines_s[j].abs(), i_, j_).unsqueeze(0)
     pick = flatter.expand(1, values.shape[1] - 2, *values.shape[2:])
     pair_value = values[:, 2:].gather(0, pick)[0]
-    pair_error = errors[:, 2:].gather(0, pick)[0]
     # The pair out of the envelopes at its own crossing, its value put back in.
     k = torch.arange(len(lines_s), device=xh.device).view(-1, 1)
     in_pair = torch.zeros((len(lines_s), xh.shape[0]), dtype=torch.bool, device=xh.device)
@@ -263,11 +262,10 @@ def polygon_vertices(
     is_low = (k < n_low).view(-1, 1, *extra)
     low = values.masked_fill(~is_low | in_pair, -torch.inf).amax(0)
     up = values.masked_fill(is_low | in_pair, torch.inf).amin(0)
-    err = errors.amax(0)
+    err = errors.amax(0)  # the pair's own lines included
     has_low, has_up = i_ < n_low, j_ >= n_low  # i < j: the pair's lower line is i, if any
     low = torch.cat([low[:2], torch.where(has_low, torch.maximum(low[2:], pair_value), low[2:])])
     up = torch.cat([up[:2], torch.where(has_up, torch.minimum(up[2:], pair_value), up[2:])])
-    err = torch.cat([err[:2], torch.maximum(err[2:], pair_error)])
     feasible = low <= up + 2 * err + 1e-9 * (1 + low.abs() + up.abs())
     feasible = feasible & torch.cat([torch.ones_like(ends, dtype=torch.bool), inside])
     return torch.cat([xh, xh]), torch.cat([low, up]), torch.cat([feasible, feasible])

@@ -56,6 +56,11 @@ class DualResult:
     duals: Duals
     stats: dict
 
+    @property
+    def certificate(self) -> tuple[Tensor, ...]:
+        """The multipliers to certify this bound from (`bounds.dual.certified`)."""
+        return self.duals.rho
+
 
 @dataclass
 class Best:

@@ -372,8 +372,8 @@ def alpha_crown(
         else crown_intervals(graph, box, deadline=stop_at, exact=exact, durations=durations)
     )
     targets = {}
-    skip = passed(stop_at) or predicted_past(stop_at, durations)  # the output's slopes only
-    if config.optimize_intermediate and not skip:
+    predicted = predicted_past(stop_at, durations)  # not even a chunk fits
+    if config.optimize_intermediate and not (predicted or passed(stop_at)):
         for name in needs_crown(graph):
             index = unstable_indices(graph, name, base[name])
             if index.numel():
@@ -392,7 +392,7 @@ def alpha_crown(
     iterations = (
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
-    if predicted_past(stop_at, durations):  # not even a chunk fits: the output's interval
+    if predicted:  # the output's interval
         out = graph.output.name
         slopes = {act: a.detach() for (start, act), a in alphas.items() if start == out}
         stats = {"iterations": 0, "trajectory": [], "final_slopes": slopes, "best_slopes": slopes}
