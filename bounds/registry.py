@@ -30,6 +30,7 @@ from bounds.methods.crown import (
     crown_intervals,
     interval_bound,
     output_functional,
+    predicted_past,
     split_output,
 )
 from bounds.methods.ibp import ibp
@@ -124,35 +125,42 @@ register_method("milp", LpConfig, "exact MILP from the relaxations' pieces (tiny
 )
 
 
-def _initial_slopes(graph, box, C, c, config, given, deadline=None):
+def _initial_slopes(graph, box, C, c, config, given, deadline=None, durations=None):
     """`(intervals, slopes, floor [B, 2S])` to start a dual method from.
 
     init='crown': the chosen intermediate bounds, no slopes (CROWN's defaults) and no floor.
     init='alpha-crown': alpha-CROWN's final-layer slopes (per activation node, by name) and its
     bounds as the floor; with intermediate='alpha-crown' that one run also optimises the
-    intervals, so the result is at least as tight as the `alpha-crown` method's."""
+    intervals, so the result is at least as tight as the `alpha-crown` method's. `durations`
+    (appended to): the seconds of CROWN's chunks, which predict the passes after them; when
+    the next is predicted to end past `deadline`, the intervals so far and no slopes."""
+    durations = [] if durations is None else durations
     if config.init == "crown" or config.init_iterations == 0:
         intervals = _intervals(graph, box, C, config, given, deadline)
         return intervals, None, c.new_full(c.shape[:2], -torch.inf)
     optimise = config.intermediate == "alpha-crown"
     if optimise:
-        base = crown_intervals(graph, box, given, deadline)
+        base = crown_intervals(graph, box, given, deadline, durations=durations)
         iterations = max(config.init_iterations, AlphaCrownConfig().iterations)
     else:
         base = _intervals(graph, box, C, config, given, deadline)
         iterations = config.init_iterations
+    if passed(deadline) or predicted_past(deadline, durations):
+        return base, None, c.new_full(c.shape[:2], -torch.inf)
     alpha_config = AlphaCrownConfig(iterations=iterations, optimize_intermediate=optimise)
     low, up, intervals, stats = alpha_crown(
-        graph, box, C, alpha_config, intervals=base, deadline=deadline
+        graph, box, C, alpha_config, intervals=base, deadline=deadline, durations=durations
     )
     return intervals, stats["best_slopes"], torch.cat([low, -up], dim=1)
 
 
-def _start(graph, box, C, net, c, config, given, deadline=None):
+def _start(graph, box, C, net, c, config, given, deadline=None, durations=None):
     """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method: the
     CROWN or alpha-CROWN duals turned into decomposition multipliers (Bunel et al. 2020,
     Sec. 4.3); see `_initial_slopes`."""
-    intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
+    intervals, slopes, floor = _initial_slopes(
+        graph, box, C, c, config, given, deadline, durations
+    )
     problem = problem_from_intervals(net, box, intervals, c)
     return problem, intervals, initial_duals(problem, slopes), floor
 
@@ -166,7 +174,9 @@ def _floored(graph, C, intervals, result, floor) -> MethodResult:
     return lower, upper, intervals, {**result.stats, "duals": result.duals}
 
 
-def _certified_run(graph, C, intervals, floor, init, deadline, solve, certify, start_point):
+def _certified_run(
+    graph, C, intervals, floor, init, deadline, solve, certify, start_point, durations=()
+):  # fmt: skip
     """A dual method's result with its reported bound certified in floating point: the
     solvers' values hold in exact arithmetic only, so the bound is `certify(point)` at the
     result's `certificate` (`bounds.dual.certified`, `bounds.dual.anderson_certified`), never
@@ -194,11 +204,14 @@ def _decomposition(solve_fn):
         deadline = deadline_of(budget)  # the whole call, not only the solver, keeps the budget
         c = output_functional(graph, C)
         net = decompose(graph)
-        problem, intervals, init, start = _start(graph, box, C, net, c, config, given, deadline)
+        durations: list[float] = []
+        problem, intervals, init, start = _start(
+            graph, box, C, net, c, config, given, deadline, durations
+        )
         return _certified_run(
             graph, C, intervals, start, init, deadline,
             lambda at: solve_fn(problem, config, init, budget, at),
-            lambda rho: certified_value(net, box, intervals, c, rho), init.rho,
+            lambda rho: certified_value(net, box, intervals, c, rho), init.rho, durations,
         )  # fmt: skip
 
     return run
@@ -221,13 +234,17 @@ def _anderson(solve_fn):
         deadline = deadline_of(budget)
         c = output_functional(graph, C)
         layers = anderson_layers(graph)  # a typed refusal before any bound is computed
-        intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline)
+        durations: list[float] = []
+        intervals, slopes, floor = _initial_slopes(
+            graph, box, C, c, config, given, deadline, durations
+        )
         problem = problem_from_graph(graph, box, intervals, c, layers)
         init = big_m_from_slopes(problem, anderson_slopes(problem, slopes))
         return _certified_run(
             graph, C, intervals, floor, init, deadline,
             lambda at: solve_fn(problem, config, init, budget, at),
             lambda point: certified_anderson_value(problem, point[1], point[0]), (init, ()),
+            durations,
         )  # fmt: skip
 
     return run

@@ -128,9 +128,12 @@ def intermediate_intervals(
     if kind == "crown":
         return crown_intervals(graph, box, given, deadline)
     if kind == "alpha-crown":
-        base = crown_intervals(graph, box, given, deadline)
+        durations: list[float] = []  # CROWN's chunks predict alpha-CROWN's first pass
+        base = crown_intervals(graph, box, given, deadline, durations=durations)
         config = AlphaCrownConfig()
-        return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline)[2]
+        return alpha_crown(
+            graph, box, C, config, intervals=base, deadline=deadline, durations=durations
+        )[2]
     if kind not in INTERMEDIATE:
         raise ValueError(f"intermediate must be one of {INTERMEDIATE}, got {kind!r}")
     budget = Budget(iterations=iterations)

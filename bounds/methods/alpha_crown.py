@@ -349,6 +349,7 @@ def alpha_crown(
     deadline: float | None = None,
     init_slopes: dict[str, Tensor] | None = None,
     exact: bool = True,
+    durations: list[float] | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:
     """Optimised-slope bounds on `C . y`: `(lower, upper, intervals, stats)`.
 
@@ -358,14 +359,16 @@ def alpha_crown(
     from (`{activation: [B, 2S, *shape]}`, e.g. a previous run's `best_slopes`; with 0
     iterations the bound at exactly those slopes). `stats['final_slopes']` maps each activation
     to its last output slopes `[B, 2S, *shape]` (specs `C` then `-C`), `stats['best_slopes']`
-    to the slopes of each spec's best bound.
+    to the slopes of each spec's best bound. `durations`: the seconds of the chunks that
+    computed `intervals` (`crown_intervals(..., durations=)`): they predict the first pass, so
+    a call whose first chunk would end past the deadline gives the output's interval at once.
 
     The optimisation's passes do not track their rounding; the result is one more pass with
     tracked rounding (`_sound_pass`, float64). `exact=False`: the iterations' own best bounds
     and intervals instead (faster; not sound in floating point)."""
     start_time = time.perf_counter()
     stop_at = deadline_of(budget, deadline)
-    durations: list[float] = []  # CROWN's chunks predict the first pass's (same sizes)
+    durations = [] if durations is None else durations  # CROWN's chunks predict the first pass
     base = (
         intervals
         if intervals is not None
