@@ -158,9 +158,7 @@ def _start(graph, box, C, net, c, config, given, deadline=None, durations=None):
     """`(problem, intervals, start duals, floor [B, 2S])` of a decomposition method: the
     CROWN or alpha-CROWN duals turned into decomposition multipliers (Bunel et al. 2020,
     Sec. 4.3); see `_initial_slopes`."""
-    intervals, slopes, floor = _initial_slopes(
-        graph, box, C, c, config, given, deadline, durations
-    )
+    intervals, slopes, floor = _initial_slopes(graph, box, C, c, config, given, deadline, durations)
     problem = problem_from_intervals(net, box, intervals, c)
     return problem, intervals, initial_duals(problem, slopes), floor
 
