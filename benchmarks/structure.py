@@ -39,8 +39,8 @@ class Structure:
         return self.typed_public_functions / max(1, self.public_functions)
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -177,7 +177,7 @@ def _public_functions(tree: ast.Module):
 
 def measure(root: Path = ROOT) -> Structure:
     files = library_files(root)
-    modules = {module_name(p): p for p in files}
+    modules = {module_name(p, root): p for p in files}
     names = set(modules)
     s = Structure()
     edges: dict[str, set[str]] = defaultdict(set)

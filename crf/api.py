@@ -65,10 +65,10 @@ class DenseCRF:
 
     def __init__(
         self,
-        image,
-        unary=None,
+        image: object,
+        unary: object = None,
         *,
-        probs=None,
+        probs: object = None,
         w_smooth: float = 3.0,
         sigma_smooth: float = 3.0,
         w_appearance: float = 10.0,
@@ -100,7 +100,7 @@ class DenseCRF:
         """(B, H, W)."""
         return self.image.shape[0], self.model.height, self.model.width
 
-    def energy(self, labels) -> float | np.ndarray:
+    def energy(self, labels: object) -> float | np.ndarray:
         """Reported energy of an integer labelling (H, W) or (B, H, W) (array or tensor)."""
         lab = torch.from_numpy(as_labels(labels, self.shape, self.model.n_labels, self.batched))
         e = labelling_energy(self.model, lab.to(self.model.unary.device), raw=True)
@@ -121,7 +121,7 @@ class DenseCRF:
         *,
         iterations: int | None = None,
         budget: float | None = None,
-        init=None,
+        init: object = None,
         compile: CompileMode = "auto",
         energy: bool = True,
         **options,

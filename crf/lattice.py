@@ -40,6 +40,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +116,7 @@ class Permutohedral:
         return lattice_slice(lat, self.offsets, self.slice_weights)
 
     @cached_property
-    def cpu_matrices(self):
+    def cpu_matrices(self) -> tuple[Any, Any]:
         """scipy (splat CSC (V+1, P), slice CSR (P, V+1)) sharing one index structure."""
         return scipy_pair(self.offsets, self.weights, self.slice_weights, self.n_vertices + 1)
 
@@ -151,7 +152,7 @@ def eager_path(x: torch.Tensor) -> str:
 
 def scipy_pair(
     offsets: torch.Tensor, splat_values: torch.Tensor, slice_values: torch.Tensor, n_rows: int
-):
+) -> tuple[Any, Any]:
     """scipy (splat CSC (n_rows, P), slice CSR (P, n_rows)) from (P, K) CPU ``offsets`` (row p:
     the K lattice rows of point p) and their (P, K) splat / slice values (one shared index)."""
     import scipy.sparse as sp  # a core dependency, imported on first use (import time)
@@ -164,14 +165,14 @@ def scipy_pair(
     return splat, slc
 
 
-def scipy_product(matrix, values: torch.Tensor, shape: tuple | None = None) -> torch.Tensor:
+def scipy_product(matrix: Any, values: torch.Tensor, shape: tuple | None = None) -> torch.Tensor:
     """``matrix @ values`` for a scipy sparse matrix and a (n, C) CPU tensor of its dtype,
     optionally reshaped to ``shape`` (in numpy, so the result is a tensor of its own)."""
     out = matrix @ values.detach().contiguous().numpy()
     return torch.from_numpy(out if shape is None else out.reshape(shape))
 
 
-def scipy_accumulate(matrix, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def scipy_accumulate(matrix: Any, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out += matrix @ values`` in place, for a scipy CSR / CSC matrix, a (n, C) CPU tensor
     and a contiguous (m, C) ``out`` of its dtype: no temporary of the result's size (large
     fresh allocations cost page faults). Uses scipy's compiled kernels directly
@@ -198,7 +199,9 @@ def _sparsetools(fmt: str):
     return getattr(tools, f"{fmt}_matvecs", None)
 
 
-def csr_matrix(crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, size) -> torch.Tensor:
+def csr_matrix(
+    crow: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, size: tuple[int, int]
+) -> torch.Tensor:
     """A torch CSR tensor from valid indices (int32 where they fit; checks off)."""
     if max(size) < 2**31 - 1 and cols.numel() < 2**31 - 1:
         crow, cols = crow.to(torch.int32), cols.to(torch.int32)

@@ -275,7 +275,9 @@ def point_stage(
     return codes, weights
 
 
-def build_structure(features: torch.Tensor, dtype: torch.dtype, chunk: int | None = None):
+def build_structure(
+    features: torch.Tensor, dtype: torch.dtype, chunk: int | None = None
+) -> LatticeStructure:
     """The lattice of (B, N, d) float64 features (see the module docstring); weights in
     ``dtype``. ``chunk``: points per block of the per-point stage (default: 16384 on CPU, all
     points at once on CUDA)."""

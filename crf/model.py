@@ -93,7 +93,9 @@ class CRFModel:
     (Dynamo cannot trace the first evaluation of a ``cached_property`` on Python 3.11).
     """
 
-    def __init__(self, unary: torch.Tensor, terms: tuple[KernelTerm, ...], hw: tuple[int, int]):
+    def __init__(
+        self, unary: torch.Tensor, terms: tuple[KernelTerm, ...], hw: tuple[int, int]
+    ) -> None:
         self.unary = unary
         self.terms = terms
         self.height, self.width = hw

@@ -10,6 +10,8 @@ gradient (Ajanthan et al., CVPR 2017, Sec. 4.3): for per-pixel, per-label levels
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from crf.lattice import Permutohedral, build_lattice
@@ -18,7 +20,10 @@ __all__ = ["ExactKernel", "LatticeKernel", "level_sums_generic"]
 
 
 def level_sums_generic(
-    filt, levels: torch.Tensor, weight: torch.Tensor, n_levels: int
+    filt: Callable[[torch.Tensor], torch.Tensor],
+    levels: torch.Tensor,
+    weight: torch.Tensor,
+    n_levels: int,
 ) -> torch.Tensor:
     """Reference level filtering through cumulative masks: O(H) filterings of M channels.
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -35,7 +37,9 @@ __all__ = ["IMAGE_SUFFIXES", "add_parser", "refine_dir"]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".ppm")
 
 
-def add_parser(sub, kernel_args) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction, kernel_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     """Register the ``refine-dir`` sub-command (``kernel_args(parser)`` adds the kernel options)."""
     r = sub.add_parser("refine-dir", help="refine a folder of images with .npy probabilities")
     r.add_argument("images", help="folder of images")
@@ -142,7 +146,9 @@ def _load(path: Path, probs: Path) -> _Item:
     return _Item(path.stem, image, unary)
 
 
-def crf_from_args(args: argparse.Namespace, image, unary, **kwargs) -> DenseCRF:
+def crf_from_args(
+    args: argparse.Namespace, image: object, unary: object, **kwargs: Any
+) -> DenseCRF:
     """The `DenseCRF` of the kernel options (`w_smooth`, `sigma_*`, `w_appearance`,
     `normalize`) shared by `refine` and `refine-dir`; `kwargs` go to `DenseCRF` too."""
     return DenseCRF(
@@ -173,7 +179,7 @@ def _refine(batch: list[_Item], args, out: Path) -> float:
     return time.perf_counter() - start
 
 
-def refine_dir(args: argparse.Namespace, stderr=None) -> int:
+def refine_dir(args: argparse.Namespace, stderr: TextIO | None = None) -> int:
     """Run ``refine-dir``; returns the exit status (0 all refined, 1 some skipped)."""
     stderr = sys.stderr if stderr is None else stderr
     _, probs, out, files = check_args(args)

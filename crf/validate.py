@@ -27,7 +27,7 @@ __all__ = [
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
 
-def _numpy(x, name: str) -> np.ndarray:
+def _numpy(x: object, name: str) -> np.ndarray:
     if isinstance(x, str | bytes | PathLike):
         raise InvalidValueError(
             f"{name}: got the path {x!r}, expected an array; read files first "
@@ -41,7 +41,7 @@ def _numpy(x, name: str) -> np.ndarray:
         raise InvalidValueError(f"{name}: cannot convert to an array ({exc})") from None
 
 
-def as_image(image) -> tuple[np.ndarray, bool]:
+def as_image(image: object) -> tuple[np.ndarray, bool]:
     """(B, H, W, 3) uint8 copy of an image and whether the input was batched.
 
     Accepts (H, W, 3), (B, H, W, 3); grey (H, W) / (H, W, 1) is repeated to RGB and an alpha
@@ -79,7 +79,9 @@ def as_image(image) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(img), batched
 
 
-def as_unary(unary, bhw: tuple[int, int, int], batched: bool, name: str = "unary") -> np.ndarray:
+def as_unary(
+    unary: object, bhw: tuple[int, int, int], batched: bool, name: str = "unary"
+) -> np.ndarray:
     """(B, H, W, M) float32 copy of unaries (or marginals); checks shape, labels and finiteness."""
     u = _numpy(unary, name)
     if u.dtype.kind not in "fiu":
@@ -109,7 +111,9 @@ def as_unary(unary, bhw: tuple[int, int, int], batched: bool, name: str = "unary
     return u32
 
 
-def as_marginals(init, bhw: tuple[int, int, int], n_labels: int, batched: bool) -> np.ndarray:
+def as_marginals(
+    init: object, bhw: tuple[int, int, int], n_labels: int, batched: bool
+) -> np.ndarray:
     """(B, H, W, M) float32 copy of initial marginals (not normalised); entries must be finite
     and >= 0 with a positive sum at every pixel (the first offending index is named)."""
     q = as_unary(init, bhw, batched, name="init")
@@ -129,7 +133,7 @@ def as_marginals(init, bhw: tuple[int, int, int], n_labels: int, batched: bool) 
     return q
 
 
-def as_iterations(iterations) -> int | None:
+def as_iterations(iterations: object) -> int | None:
     """None or a whole number >= 1 (an integral float such as 5.0 is accepted)."""
     if iterations is None:
         return None
@@ -141,7 +145,7 @@ def as_iterations(iterations) -> int | None:
     return int(value)
 
 
-def as_budget(budget) -> float | None:
+def as_budget(budget: object) -> float | None:
     """None or a finite number of seconds > 0."""
     if budget is None:
         return None
@@ -153,7 +157,7 @@ def as_budget(budget) -> float | None:
     return value
 
 
-def as_device(device) -> torch.device:
+def as_device(device: object) -> torch.device:
     """A usable torch device ("cpu", "cuda", "cuda:1", ...; None = CPU)."""
     if device is None:
         return torch.device("cpu")
@@ -172,14 +176,16 @@ def as_device(device) -> torch.device:
     return dev
 
 
-def as_dtype(dtype) -> torch.dtype:
+def as_dtype(dtype: object) -> torch.dtype:
     """torch.float32 or torch.float64 (the filtering and solver precision)."""
     if dtype not in FLOAT_DTYPES:
         raise ConfigError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     return dtype
 
 
-def as_labels(labels, bhw: tuple[int, int, int], n_labels: int, batched: bool) -> np.ndarray:
+def as_labels(
+    labels: object, bhw: tuple[int, int, int], n_labels: int, batched: bool
+) -> np.ndarray:
     """(B, N) int64 copy of an integer labelling (H, W) / (B, H, W) with values in [0, M)."""
     lab = _numpy(labels, "labels")
     if lab.dtype.kind not in "iub":
