@@ -31,7 +31,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -301,13 +301,15 @@ def _solve(problem, config: LpConfig, integer: bool, deadline: float | None) -> 
 
 def _optimise(
     graph, box, C, intervals, config, integer, sides=2, deadline=None, fallback=None,
-    duals_of: tuple[str, ...] = (),
+    duals_of: tuple[str, ...] = (), reserve: Callable[[int], float] | None = None,
 ) -> tuple[Tensor, dict]:  # fmt: skip
     """Minima of `C[b, s] . y` and (if `sides == 2`) `-C[b, s] . y` per batch element and spec;
     with `sides == 1` the second half is left at -inf (no bound). Solves not finished by
     `deadline` keep `fallback` (`[B, 2S]` valid bounds; -inf when None). `duals_of`: affine
     nodes whose equality's dual is returned in `stats['duals']` (`{name: [B, 2S, n]}`, 0 where
-    not solved; with cvxpy's sign the Lagrangian adds `dual . (var - affine)`)."""
+    not solved; with cvxpy's sign the Lagrangian adds `dual . (var - affine)`). `reserve(n)`:
+    the seconds kept back from `deadline` for work after the solves once `n` are solved (a
+    solve ends by `deadline - reserve(solved + 1)`). `stats['solved']`: `[B, 2S]` booleans."""
     cp, _ = _cvxpy()
     start = time.perf_counter()
     batch, specs = C.shape[:2]
@@ -317,18 +319,37 @@ def _optimise(
     if fallback is not None:
         values[:, : sides * specs] = fallback.detach().cpu().double().numpy()[:, : sides * specs]
     flat_C = C.detach().cpu().double().reshape(batch, specs, -1).numpy()
-    solved = 0
+    solved, done = 0, np.zeros((batch, 2 * specs), dtype=bool)
+
+    def until() -> float | None:  # the deadline of the next solve
+        if deadline is None or reserve is None:
+            return deadline
+        return deadline - reserve(solved + 1)
+
+    durations: list[float] = []  # each solve's seconds (the first with cvxpy's compilation)
+
+    def out_of_time() -> bool:  # the next solve, as long as the longest, would end too late
+        return deadline is not None and time.monotonic() + max(durations, default=0.0) >= until()
+
+    stop = False
     for b in range(batch):
-        if deadline is not None and time.monotonic() >= deadline:
+        if stop or out_of_time():
             break
         variables, constraints, equalities = _build(graph, box, intervals, b, integer)
         c = cp.Parameter(flat_C.shape[-1])
         problem = cp.Problem(cp.Minimize(c @ variables[graph.output.name]), constraints)
         for s in range(sides * specs):
+            if out_of_time():
+                stop = True
+                break
             c.value = flat_C[b, s % specs] * (1.0 if s < specs else -1.0)
-            value = _solve(problem, config, integer, deadline)
+            tick = time.monotonic()
+            value = _solve(problem, config, integer, until())
+            durations.append(time.monotonic() - tick)
             if value is None:  # past the deadline, or not solvable: the fallback stays
-                if deadline is not None and time.monotonic() >= deadline:
+                # a solve stopped at its time limit: the budget is spent
+                stop = deadline is not None and problem.status == cp.USER_LIMIT
+                if stop:
                     break
                 continue
             values[b, s] = max(value, values[b, s])
@@ -337,10 +358,12 @@ def _optimise(
                 if dual is not None:
                     duals[name][b, s] = np.asarray(dual, dtype=float).reshape(-1)
             solved += 1
+            done[b, s] = True
     stats = {
         "seconds": time.perf_counter() - start,
         "solves": solved,
         "unsolved": batch * sides * specs - solved,
+        "solved": torch.as_tensor(done, device=C.device),
     }
     if duals_of:
         stats["duals"] = {n: torch.as_tensor(d, dtype=C.dtype, device=C.device)
@@ -372,21 +395,48 @@ def planet_lp(
     sides = 2 if upper else 1
     net = decompose(graph)
     pres = tuple(dict.fromkeys(e.pre for e in net.edges))
+    c = output_functional(graph, C)
+    batch, specs = C.shape[:2]
+    reserve = None
+    if deadline is not None:  # one row's certification, timed, predicts those of the solves
+        tick = time.monotonic()
+        zeros = [c.new_zeros(1, 1, *graph[e.pre].shape) for e in net.edges]
+        certified_value(net, _row(box, 0), _rows(intervals, 0), c[:1, :1], zeros)
+        per_row = time.monotonic() - tick
+        reserve = lambda n: per_row * n  # noqa: E731
     values, stats = _optimise(
-        graph, box, C, intervals, config or LpConfig(), False, sides, deadline, fallback, pres
-    )
+        graph, box, C, intervals, config or LpConfig(), False, sides, deadline, fallback, pres,
+        reserve,
+    )  # fmt: skip
     # The LP optimum is accurate to the solver's tolerance only; the bound reported is the
     # Lagrangian-decomposition dual at the LP's duals of the pre-activations' equalities
     # (weak duality for any multipliers; at the LP's optimal ones it is the LP's optimum),
-    # certified in floating point (`bounds.dual.certified`).
-    batch, specs = C.shape[:2]
+    # certified in floating point (`bounds.dual.certified`), for the solved specs only.
     duals = stats.pop("duals", {})  # none without activations
     rho = [duals[e.pre].reshape(batch, 2 * specs, *graph[e.pre].shape) for e in net.edges]
-    certified = certified_value(net, box, intervals, output_functional(graph, C), rho)
+    certified = c.new_full((batch, 2 * specs), -torch.inf)
+    for b in range(batch):
+        index = stats["solved"][b].nonzero().flatten()
+        if index.numel():
+            rows = [r[b : b + 1].index_select(1, index) for r in rho]
+            found = certified_value(
+                net, _row(box, b), _rows(intervals, b), c[b : b + 1].index_select(1, index), rows
+            )
+            certified[b, index] = found[0]
     if fallback is not None:
         certified = torch.maximum(certified, fallback.to(certified))
     certified[:, sides * specs :] = -torch.inf  # not asked for
     return certified[:, :specs], -certified[:, specs:], {**stats, "raw": values}
+
+
+def _row(interval: Interval, b: int) -> Interval:
+    """Batch element `b` of an interval (one shared by the batch stays as it is)."""
+    pick = lambda t: t[b : b + 1] if t.shape[0] > 1 else t  # noqa: E731
+    return Interval(pick(interval.lower), pick(interval.upper))
+
+
+def _rows(intervals: dict[str, Interval], b: int) -> dict[str, Interval]:
+    return {name: _row(iv, b) for name, iv in intervals.items()}
 
 
 def milp(
