@@ -42,7 +42,8 @@ from verify.bab.config import DUAL_ROOT_INTERMEDIATE
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib import load_vnnlib
 from verify.property import VnnlibProperty
-from verify.verifier import STATUSES, VerificationResult, verify
+from verify.result import STATUSES, VerificationResult
+from verify.verifier import verify
 
 DEFAULT_METHOD = "crown"
 INTERRUPTED = 130  # the shell's status for a run ended by SIGINT
