@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import CIFAR_MEAN, CIFAR_STD, DATA, RESULTS, write_json
-from verify.faults_cli import (
+from verify.cli.faults import (
     Bench,
     Campaign,
     Progress,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import verify
-from verify.cli import main, resolve
+from verify.cli.main import main
+from verify.cli.options import resolve
 from verify.result import VerificationResult
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -218,7 +218,7 @@ def test_bad_sampling(kw, error, where):
 
 
 def _cli(tmp_path, *argv):
-    from verify import faults_cli
+    from verify.cli import faults as faults_cli
 
     parser = argparse.ArgumentParser()
     faults_cli.add_parser(parser.add_subparsers(dest="command"))

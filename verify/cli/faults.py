@@ -30,7 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from bounds.errors import InvalidLimitError, VerificationInputError
+from verify.cli.options import count_option
 from verify.faults import MODELS, TARGETS, activation_sites, inject, sample_faults, weight_sites
+from verify.io.onnx_loader import load_onnx
 from verify.monitor import Box, Monitor, monitor
 
 FIXED_CLIPS = (6.0, 100.0)
@@ -337,8 +339,6 @@ def domain_option(text: str) -> tuple[str, list[float]]:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """The `faults` subcommand of `python -m verify`."""
-    from verify.cli import count_option  # the shared option types
-
     p = subparsers.add_parser("faults", help="fault-injection campaign with verified monitors")
     p.add_argument("network", type=Path, help="ONNX network (.onnx or .onnx.gz)")
     p.add_argument("--domain", type=domain_option, required=True, help="box:LOW,HIGH or ball:EPS")
@@ -434,8 +434,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from verify.io.onnx_loader import load_onnx
-
     torch.set_num_threads(getattr(args, "threads", 1))
     targets = [t for t in args.targets.split(",") if t]
     if not targets or any(t not in TARGETS for t in targets):
