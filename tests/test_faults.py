@@ -15,7 +15,8 @@ from torch import nn
 
 from tests.model_zoo import make
 from verify.cli.faults import Bench, Campaign, profile_ranges, run_campaign, summarise
-from verify.faults import (
+from verify.monitor import Box, monitor
+from verify.monitor.faults import (
     Fault,
     activation_sites,
     bit_positions,
@@ -24,7 +25,6 @@ from verify.faults import (
     sample_faults,
     weight_sites,
 )
-from verify.monitor import Box, monitor
 
 
 def words(t: torch.Tensor) -> torch.Tensor:

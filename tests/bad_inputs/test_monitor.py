@@ -17,8 +17,8 @@ from bounds.errors import (
     ShapeMismatchError,
 )
 from tests.bad_inputs.conftest import no_side_effects, raises_where, unchanged_module
-from verify.faults import Fault, FaultSiteError, inject, sample_faults, weight_sites
 from verify.monitor import Ball, Box, MonitorMismatchError, MonitorOptionError, monitor
+from verify.monitor.faults import Fault, FaultSiteError, inject, sample_faults, weight_sites
 
 D = torch.float64
 

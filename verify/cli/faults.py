@@ -31,9 +31,16 @@ from torch import Tensor, nn
 
 from bounds.errors import InvalidLimitError, VerificationInputError
 from verify.cli.options import count_option
-from verify.faults import MODELS, TARGETS, activation_sites, inject, sample_faults, weight_sites
 from verify.io.onnx_loader import load_onnx
 from verify.monitor import Box, Monitor, monitor
+from verify.monitor.faults import (
+    MODELS,
+    TARGETS,
+    activation_sites,
+    inject,
+    sample_faults,
+    weight_sites,
+)
 
 FIXED_CLIPS = (6.0, 100.0)
 BIT_CLASSES = ("any", "sign", "exponent", "mantissa")
@@ -41,7 +48,7 @@ BIT_CLASSES = ("any", "sign", "exponent", "mantissa")
 
 @dataclass(frozen=True)
 class Campaign:
-    """What to inject: `trials` trials of `target` faults under `model` (see verify.faults)."""
+    """What to inject: `trials` trials of `target` faults under `model` (see verify.monitor.faults)."""
 
     trials: int
     target: str = "weight"

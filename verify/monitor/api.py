@@ -14,7 +14,7 @@ sums in any order (Higham, Accuracy and Stability of Numerical Algorithms, 2nd e
 `f` the rounding of the factors (TF32: `2^-10`; else 0); the factor 2 and the 3 extra
 roundings cover constants the graph folded or rounded (`1/std`, BatchNorm). The errors are
 bounded inputs of the network: IBP or CROWN (in float64) bound every node over the domain and
-all of them, so they cancel where the weights make them cancel (`verify/monitor_ranges.py`). CROWN's own
+all of them, so they cancel where the weights make them cancel (`verify/monitor/ranges.py`). CROWN's own
 float64 rounding is covered by `2 gamma_N` (float64) times each node's interval-arithmetic
 magnitude (`crown_pad`). Assumptions: the module evaluates each graph op as written (BatchNorm
 folded into the op before it is evaluated by the module in a few more roundings, covered
@@ -41,7 +41,7 @@ output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
 checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
 convolution of an all-ones output; `b` repeated over the output) with a rigorous tolerance from
-the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
+the sample's own `|x|` (`verify.monitor.sums`): proven for every input (no false positives by
 construction), it catches corrupted weights and outputs of the layer and -- recomputing the
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
 every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
@@ -74,7 +74,7 @@ from bounds.graph import Graph
 from bounds.ops import ActivationOp
 from bounds.types import Interval
 from verify.api import network_graph
-from verify.monitor_check import (
+from verify.monitor.check import (
     MonitoredNet,
     MonitorMismatchError,
     MonitorReport,
@@ -82,9 +82,9 @@ from verify.monitor_check import (
     matched_nodes,
     shared_trace,
 )
-from verify.monitor_compiled import CompiledMonitoredNet, check_graph
-from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
-from verify.monitor_sums import sum_checks
+from verify.monitor.compiled import CompiledMonitoredNet, check_graph
+from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
+from verify.monitor.sums import sum_checks
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -225,7 +225,7 @@ class Monitor:
         self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit, sums
     ) -> None:
         self.graph, self.box, self.bounds, self.ranges = graph, box, bounds, ranges
-        self.sums = sums  # node name -> SumCheck (verify.monitor_sums)
+        self.sums = sums  # node name -> SumCheck (verify.monitor.sums)
         self.unit = unit  # the unit roundoff of the inferences the ranges certify
         self.nodes, self.affine = tuple(nodes), tuple(affine)
         self.input_shape = tuple(input_shape)
@@ -296,8 +296,8 @@ class Monitor:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
         `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
         `checksums`: detection also checks the checksum invariant of every checked linear
-        layer (`verify.monitor_sums`; a failure flags the layer's node). `compile`: detection
-        through `torch.compile` (`verify.monitor_compiled`; "detect" only, no kept values;
+        layer (`verify.monitor.sums`; a failure flags the layer's node). `compile`: detection
+        through `torch.compile` (`verify.monitor.compiled`; "detect" only, no kept values;
         the eager wrapper serves the calls the compiled graph would not see alike)."""
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):

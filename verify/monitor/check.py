@@ -19,7 +19,7 @@ from bounds.errors import (
 )
 from bounds.graph import Graph
 from bounds.ops import ReshapeOp
-from verify.monitor_sums import SumRecorder, inplace_users
+from verify.monitor.sums import SumRecorder, inplace_users
 
 
 class MonitorMismatchError(VerificationInputError):
