@@ -44,7 +44,7 @@ from verify.cli.suite import Scheduler, settings_of, solve_job
 from verify.distributed import cluster, shards
 from verify.distributed.searches import make_search, portable, shards_of
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.verifier import verify
 
 ACAS = DATA / "vnncomp2022" / "acasxu"

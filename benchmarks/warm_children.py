@@ -27,7 +27,7 @@ from benchmarks.common import DATA, resolve
 from bounds.types import Interval
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig
 from verify.cli.options import load_network
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 
 
 def grow(runner: ReluBab, n: int) -> ReluDomains:

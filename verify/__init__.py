@@ -14,7 +14,7 @@ from verify.errors import (
     VerificationInputError,
 )
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.monitor import Ball, Box, Monitor, MonitorMismatchError
 from verify.monitor.api import monitor  # after the package: `verify.monitor` is the function
 from verify.result import VerificationResult

@@ -28,7 +28,7 @@ from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
 from verify.distributed.shards import ShardedSolver
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
 from verify.result import VerificationResult
 

@@ -46,7 +46,7 @@ from verify.cli.options import (
 from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.cli.suite import run_suite
 from verify.distributed import cluster, progress
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
 from verify.result import VerificationResult
 from verify.verifier import verify

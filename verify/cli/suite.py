@@ -46,7 +46,7 @@ from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.distributed import cluster
 from verify.distributed.progress import Progress
 from verify.distributed.searches import warm_up
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.verifier import verify
 
 NET_CACHE_SIZE = 64  # networks kept per worker process
