@@ -46,6 +46,16 @@ construction), it catches corrupted weights and outputs of the layer and -- reco
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
 every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
 
+Shapes of a domain. `verify.bounds` takes its boxes with a batch axis (`lower` of shape
+`[batch, *input_shape]`, e.g. `[1, 64]`); a monitor's domain is one sample's box (`[*input_shape]`,
+e.g. `(64,)`), or `[k, *input_shape]` for k regions. The per-sample shape is the network's
+(`input_shape=`, else `net.input_shape` when the module declares it). When neither gives it, a box
+with a leading axis of 1 (`[1, 64]`, as `verify.bounds` takes it) is read as one sample of the
+rest (`(64,)`) when the network accepts only that shape, as one sample of the whole shape when it
+accepts only that one, and refused with a `ShapeMismatchError` naming both when it accepts both
+(pass `input_shape=`). A box of another shape than the network's is a `ShapeMismatchError`
+naming the expected shape.
+
 Limits. One input tensor; graph nodes that no fx node computes (helper nodes) are not
 monitored; activations other than ReLU-like ones are refused. Replacing a submodule of `net`
 after `wrap` is not seen by the wrapped module (`check` refuses it). A wrapped module runs one
@@ -60,6 +70,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -357,6 +368,58 @@ def _check_tf32(like: Tensor, unit: tuple[float, float]) -> None:
         )
 
 
+def _first_corner(domain: Any) -> Any:
+    """The lower corner of the domain's first box, or None (a Ball: its leading axis is always
+    the regions'; anything else: left to `regions_box` to refuse)."""
+    item = domain[0] if isinstance(domain, list) and domain else domain
+    if isinstance(item, (Box, Interval)):
+        return item.lower
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0]
+    return None
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(value.shape) if isinstance(value, Tensor) else tuple(np.shape(value))
+    except (TypeError, ValueError):  # ragged or not numeric: `regions_box` names the problem
+        return None
+
+
+def _accepts(net: nn.Module, shape: tuple[int, ...]) -> bool:
+    """Whether `net` runs on a batch of two zero inputs of `shape` (two, not one: an unbatched
+    convolution would take a batch of one for a sample)."""
+    tensors = [t for t in (*net.parameters(), *net.buffers()) if t.is_floating_point()]
+    dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    device = tensors[0].device if tensors else None
+    try:
+        with torch.no_grad():
+            net(torch.zeros(2, *shape, dtype=dtype, device=device))
+    except Exception:  # any failure means the network does not take this shape
+        return False
+    return True
+
+
+def implied_shape(net: nn.Module, domain: Any) -> tuple[int, ...] | None:
+    """The per-sample input shape of a network that declares none, when the domain's first box
+    has a leading axis of 1 (`[1, *shape]`, the batch axis of `verify.bounds`): `shape` when the
+    network accepts only that; None (the box's own shape, as before) otherwise.
+    `ShapeMismatchError` naming both shapes when the network accepts both."""
+    whole = _shape_of(_first_corner(domain))
+    if whole is None or len(whole) < 2 or whole[0] != 1:
+        return None
+    sample = whole[1:]
+    if not _accepts(net, sample):
+        return None
+    if _accepts(net, whole):
+        raise ShapeMismatchError(
+            f"domain: a box of shape {whole} is ambiguous: the network takes one sample of "
+            f"shape {sample} (the box with a batch axis of 1) or of shape {whole}; pass "
+            f"input_shape={sample} (the expected per-sample shape) or a box of that shape"
+        )
+    return sample
+
+
 def _module_ids(net: nn.Module) -> tuple:
     return tuple((name, id(m)) for name, m in net.named_modules())
 
@@ -374,11 +437,15 @@ def monitor(
     pair or `Interval`, or a list of them (one region each, e.g. per class). `method`: "crown"
     or "ibp"; `granularity`: "neuron" (a range per neuron) or "layer" (one per node);
     `precision`: the arithmetic of the inferences to certify ("float32", "float64", "tf32";
-    default: the network's dtype). Raises typed errors for a bad domain or network."""
+    default: the network's dtype). Raises typed errors for a bad domain or network.
+
+    Each box is one sample's (`[*input_shape]`; `[k, *input_shape]`: k regions), where
+    `verify.bounds` takes a batch axis; a `[1, *input_shape]` box is accepted as one sample (see
+    "Shapes of a domain" in the module docstring)."""
     _choice(method, METHODS, "method")
     _choice(granularity, GRANULARITIES, "granularity")
     check_eval(net)
-    shape = input_shape or getattr(net, "input_shape", None)
+    shape = input_shape or getattr(net, "input_shape", None) or implied_shape(net, domain)
     box = regions_box(domain, None if shape is None else tuple(shape))
     shape = tuple(box.lower.shape[1:])
     graph = network_graph(net, shape)
