@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch import nn
 from bounds.errors import InvalidLimitError, ShapeMismatchError
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
+from verify.bab.common import RegionOutcome
 from verify.distributed.shards import ShardedSolver
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
@@ -101,7 +103,7 @@ def check_workers(workers: Any) -> int:
     return int(workers)
 
 
-def region_solver(workers: int, ray_address: str | None):
+def region_solver(workers: int, ray_address: str | None) -> Callable[..., RegionOutcome]:
     """`solve_region` for one worker and no cluster address (today's path, no Ray); else the
     sharded solver with the same signature (which imports Ray, and connects, only then)."""
     if workers == 1 and ray_address is None:

@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -124,7 +125,9 @@ def run_sharded(args: argparse.Namespace) -> VerificationResult:
     return result
 
 
-def run_all(args: argparse.Namespace, out=None, errors=None) -> list[dict]:
+def run_all(
+    args: argparse.Namespace, out: TextIO | None = None, errors: TextIO | None = None
+) -> list[dict]:
     """Run every instance; returns the rows written to `args.out`. The first Ctrl-C ends the run
     after writing the current instance as "unknown" (`args.interrupted` is then True)."""
     if distributed(args):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
 from verify.bab.config import DUAL_ROOT_INTERMEDIATE
 from verify.distributed.cluster import require_ray
 from verify.io.onnx_loader import load_onnx
+from verify.property import VnnlibProperty
 
 DEFAULT_METHOD = "crown"
 
@@ -41,7 +43,7 @@ def seconds_option(text: str) -> float:
     return value
 
 
-def count_option(minimum: int):
+def count_option(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= `minimum`."""
 
     def parse(text: str) -> int:
@@ -175,7 +177,9 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     return BabConfig(relu=relu)
 
 
-def check_method(args: argparse.Namespace, net: torch.nn.Module, prop, config: BabConfig) -> None:
+def check_method(
+    args: argparse.Namespace, net: torch.nn.Module, prop: VnnlibProperty, config: BabConfig
+) -> None:
     """`--method` only applies to input splitting: refuse it where ReLU splitting would run."""
     if args.method is None:
         return

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from bounds.errors import VerificationInputError
 from verify.result import STATUSES
@@ -26,7 +27,9 @@ class Instance:
     row: int
 
 
-def read_instances(path: Path, limit: int | None = None, errors=None) -> list[Instance]:
+def read_instances(
+    path: Path, limit: int | None = None, errors: TextIO | None = None
+) -> list[Instance]:
     """The valid rows of `path` (at most `limit`); each bad row is reported to `errors` as
     `path:ROW: skipped: why` and left out. An unreadable file raises VerificationInputError."""
     errors = errors or sys.stderr

@@ -27,8 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import Any, TextIO
 
 import torch
 
@@ -172,7 +172,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
     )
 
 
-def run_suite(args: argparse.Namespace, out=None, errors=None,
+def run_suite(args: argparse.Namespace, out: TextIO | None = None, errors: TextIO | None = None,
               solve: Callable[[Job, Settings], Answer] = solve_job) -> list[dict]:  # fmt: skip
     """`run-all` over Ray (see the module docstring); returns the rows written to `args.out`.
     `solve` runs in the workers (tests replace it, e.g. by one that crashes once)."""
@@ -194,7 +194,8 @@ def run_suite(args: argparse.Namespace, out=None, errors=None,
 class Scheduler:
     """Submits the jobs (at most `workers` in flight) and collects the answers."""
 
-    def __init__(self, ray, args, workers: int, settings: Settings, solve, out, errors) -> None:
+    def __init__(self, ray: ModuleType, args: argparse.Namespace, workers: int, settings: Settings,
+                 solve: Callable[[Job, Settings], Answer], out: TextIO, errors: TextIO) -> None:  # fmt: skip
         self.ray, self.args, self.workers, self.settings = ray, args, workers, settings
         self.out, self.errors = out, errors
         gpus = cluster.gpu_share(ray, settings.device, workers)

@@ -135,7 +135,9 @@ def warm_up() -> None:
         solve_region(net, region, deadline, config, 0)
 
 
-def make_search(net: nn.Module, region: Region, config: BabConfig, seed: int):
+def make_search(
+    net: nn.Module, region: Region, config: BabConfig, seed: int
+) -> tuple[InputShard | ReluShard, str]:
     """The steppable search `splitting_mode` picks for `region`, and its mode name."""
     mode = splitting_mode(net, region, config)
     if mode == "relu":
@@ -143,6 +145,8 @@ def make_search(net: nn.Module, region: Region, config: BabConfig, seed: int):
     return InputShard(net, region, config, seed), mode
 
 
-def search_for(mode: str, net: nn.Module, region: Region, config: BabConfig, seed: int):
+def search_for(
+    mode: str, net: nn.Module, region: Region, config: BabConfig, seed: int
+) -> InputShard | ReluShard:
     """The steppable search of `mode` ("input" or "relu")."""
     return (ReluShard if mode == "relu" else InputShard)(net, region, config, seed)

@@ -95,7 +95,7 @@ from verify.monitor.check import (
 )
 from verify.monitor.compiled import CompiledMonitoredNet, check_graph
 from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
-from verify.monitor.sums import sum_checks
+from verify.monitor.sums import SumCheck, sum_checks
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -233,7 +233,17 @@ class Monitor:
     (the default set checked); `box`: the regions `[regions, *input_shape]` (float64)."""
 
     def __init__(
-        self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit, sums
+        self,
+        net: nn.Module,
+        graph: Graph,
+        box: Interval,
+        bounds: dict[str, Interval],
+        ranges: dict[str, tuple[Tensor, Tensor]],
+        nodes: Sequence[str],
+        affine: Sequence[str],
+        input_shape: tuple[int, ...],
+        unit: tuple[float, float],
+        sums: dict[str, SumCheck],
     ) -> None:
         self.graph, self.box, self.bounds, self.ranges = graph, box, bounds, ranges
         self.sums = sums  # node name -> SumCheck (verify.monitor.sums)
