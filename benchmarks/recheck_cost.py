@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import DATA, RESULTS, ROOT
 from verify.bab import BabConfig
-from verify.cli import resolve
+from verify.cli.options import resolve
 from verify.io.onnx_loader import load_onnx
 from verify.verifier import verify
 

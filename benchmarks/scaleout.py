@@ -38,13 +38,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import DATA, RESULTS
-from verify import cli
 from verify.bab import BabConfig
+from verify.cli import main as cli
+from verify.cli.suite import Scheduler, settings_of, solve_job
 from verify.distributed import cluster, shards
 from verify.distributed.searches import make_search, portable, shards_of
-from verify.distributed.suite import Scheduler, settings_of, solve_job
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.verifier import verify
 
 ACAS = DATA / "vnncomp2022" / "acasxu"

@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import CIFAR_MEAN, CIFAR_STD, DATA, RESULTS, write_json
-from verify.faults_cli import (
+from verify.cli.faults import (
     Bench,
     Campaign,
     Progress,
@@ -68,7 +68,7 @@ clip: ranges only (fused with the ReLUs); both: detect and clip.
 COMPILED_NOTES = """\
 torch.compile (`--latency-only --compiled`, batch 256, Inductor on CPU): the plain network
 compiled, and the compiled detection path (`wrap(net, "detect", compile=True)`,
-`verify.monitor_compiled`: per-sample range and checksum tests as pure tensor functions in the
+`verify.monitor.compiled`: per-sample range and checksum tests as pure tensor functions in the
 network's fx trace, fused by Inductor), against the plain eager module and the eager wrapper
 (`wrap`: detect with checksums; `_ranges`: without). Compile time: the first call in the
 process; it depends on Inductor's on-disk cache (cold: `TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)`;
@@ -190,7 +190,7 @@ def latency(bench: Bench, held: torch.Tensor) -> dict:
 
 def compiled_latency(bench: Bench, held: torch.Tensor, batch: int = 256) -> dict:
     """torch.compile (Inductor, CPU) of the plain network and the compiled detection path
-    (`wrap(..., compile=True)`, `verify.monitor_compiled`) against the plain eager module and
+    (`wrap(..., compile=True)`, `verify.monitor.compiled`) against the plain eager module and
     the eager wrapper, interleaved: compile times (first call), seconds per call (median of 5
     blocks of 40 calls), and whether the compiled flags equal the eager ones (clean inputs)."""
     gen = torch.Generator().manual_seed(5)

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cactus import plot
 from benchmarks.common import DATA, RESULTS, write_json
 from verify.bab import SPLITTINGS, ReluSplitConfig
-from verify.cli import build_parser, run_all, summary
+from verify.cli.main import build_parser, run_all
+from verify.cli.rows import summary
 
 # ACAS Xu instances violated in VNN-COMP 2022 that are known independently of our tool
 # (Katz et al. 2017: property 7 on N_1,9 and property 8 on N_2,9 are violated).

@@ -26,8 +26,8 @@ import bounds.dual.split_domains as split_domains
 from benchmarks.common import DATA, resolve
 from bounds.types import Interval
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig
-from verify.cli import load_network
-from verify.io.vnnlib import load_vnnlib
+from verify.cli.options import load_network
+from verify.io.vnnlib_load import load_vnnlib
 
 
 def grow(runner: ReluBab, n: int) -> ReluDomains:

@@ -10,7 +10,8 @@ import torch
 
 from tests.test_relu_bab import assert_relu_bab_agrees_with_milp, mlp
 from verify.bab import BabConfig, ReluBab, ReluSplitConfig
-from verify.cli import bab_config, build_parser
+from verify.cli.main import build_parser
+from verify.cli.options import bab_config
 from verify.property import Polytope, Region
 
 ANDERSON_ROOT = ReluSplitConfig(root_intermediate="active-set", root_intermediate_iterations=60)

@@ -29,9 +29,10 @@ from tests.test_distributed import answer_of, sharded_in_process
 from tests.test_relu_bab import milp_property, random_domains
 from verify.bab import BabConfig, ReluSplitConfig
 from verify.bab.warm import WarmStarts, compact, nbytes
-from verify.cli import bab_config, build_parser
+from verify.cli.main import build_parser
+from verify.cli.options import bab_config
+from verify.cli.suite import settings_of
 from verify.distributed.searches import ReluShard
-from verify.distributed.suite import settings_of
 
 WARM = ReluSplitConfig(
     prox_iterations=60, hard_bounder="active-set", hard_stall=1, stall_gain=0.5,

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import verify
-from verify.cli import main, resolve
-from verify.verifier import VerificationResult
+from verify.cli.main import main
+from verify.cli.options import resolve
+from verify.result import VerificationResult
 
 ROOT = Path(__file__).resolve().parents[1]
 # (network, property, answer): prop 1 on N_1,1 holds; prop 2 on N_2,1 and prop 7 on N_1,9 are

@@ -27,11 +27,12 @@ from tests.bad_inputs.conftest import no_side_effects, raises_where
 from tests.test_bab import hard_instance, milp_minimum
 from tests.test_relu_bab import milp_property
 from verify.bab import BabConfig, Domains
-from verify.cli import Instance, build_parser, main
+from verify.cli.main import build_parser, main
+from verify.cli.rows import Instance
+from verify.cli.suite import Answer, Job, Scheduler, Settings, cached_network, solve_job
 from verify.distributed import RayUnavailableError, progress
 from verify.distributed.board import Board
 from verify.distributed.searches import donation, make_search, search_for, shards_of
-from verify.distributed.suite import Answer, Job, Scheduler, Settings, cached_network, solve_job
 from verify.distributed.workers import WorkLoop
 from verify.property import Polytope, Region, VnnlibProperty
 

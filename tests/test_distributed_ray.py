@@ -25,9 +25,10 @@ from tests.test_bab import hard_instance, mlp
 from tests.test_distributed import input_case
 from tests.test_relu_bab import milp_property
 from verify.attack import UnsafeSpec, pgd, validate
-from verify.cli import main, resolve
+from verify.cli.main import main
+from verify.cli.options import resolve
+from verify.cli.suite import run_suite, solve_job
 from verify.distributed import cluster, shards
-from verify.distributed.suite import run_suite, solve_job
 from verify.property import Polytope, Region, VnnlibProperty
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (extra [distributed])")

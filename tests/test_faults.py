@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from tests.model_zoo import make
-from verify.faults import (
+from verify.cli.faults import Bench, Campaign, profile_ranges, run_campaign, summarise
+from verify.monitor import Box, monitor
+from verify.monitor.faults import (
     Fault,
     activation_sites,
     bit_positions,
@@ -23,8 +25,6 @@ from verify.faults import (
     sample_faults,
     weight_sites,
 )
-from verify.faults_cli import Bench, Campaign, profile_ranges, run_campaign, summarise
-from verify.monitor import Box, monitor
 
 
 def words(t: torch.Tensor) -> torch.Tensor:
@@ -173,7 +173,7 @@ def test_campaign_is_reproducible_from_its_seed(target):
 
 
 def cli_args(tmp_path, shared_data, *extra):
-    from verify import faults_cli
+    from verify.cli import faults as faults_cli
 
     parser = argparse.ArgumentParser()
     faults_cli.add_parser(parser.add_subparsers(dest="command"))
@@ -202,7 +202,7 @@ def test_cli_writes_the_campaign(tmp_path, shared_data, capsys):
 @pytest.mark.data
 def test_python_m_verify_runs_the_campaign(tmp_path, shared_data):
     """`python -m verify faults ...` is the same subcommand (wired in `verify.cli`)."""
-    from verify import cli
+    from verify.cli import main as cli
 
     net = shared_data / "vnncomp2022/mnist_fc/onnx/mnist-net_256x2.onnx.gz"
     data = shared_data / "oval/mnist_test_first100.csv"
@@ -214,7 +214,7 @@ def test_python_m_verify_runs_the_campaign(tmp_path, shared_data):
 
 
 def test_a_bad_faults_option_is_one_error_line(tmp_path, capsys):
-    from verify import cli
+    from verify.cli import main as cli
 
     argv = ["faults", str(tmp_path / "missing.onnx"), "--data", str(tmp_path / "x.csv"),
             "--out", str(tmp_path), "--domain", "box:0,1", "--trials", "5"]  # fmt: skip

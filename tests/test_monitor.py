@@ -15,8 +15,8 @@ import torch
 from bounds.errors import UnsupportedOperationError
 from tests.model_zoo import ZOO, make
 from verify.api import network_graph
-from verify.faults import Fault, inject
 from verify.monitor import Ball, Box, monitor
+from verify.monitor.faults import Fault, inject
 
 
 def relu_like(name: str) -> bool:

@@ -10,8 +10,8 @@ import torch
 
 from tests.model_zoo import make
 from tests.test_monitor import box_of, uniform
-from verify.faults import Fault, inject
 from verify.monitor import Ball, Box, MonitorOptionError, monitor
+from verify.monitor.faults import Fault, inject
 
 
 def _same(a, b) -> None:

@@ -13,8 +13,8 @@ from torch import nn
 
 from tests.model_zoo import make
 from tests.test_monitor import box_of, pgd_extremes, uniform
-from verify.faults import Fault, inject
 from verify.monitor import Box, monitor
+from verify.monitor.faults import Fault, inject
 
 CIFAR_MEAN = (0.485, 0.456, 0.406)
 CIFAR_STD = 0.225

@@ -31,7 +31,7 @@ from verify.bab import (
 from verify.bab.common import DeadlineReachedError
 from verify.bab.relu_branching import Layout, babsr_scores, branchable, side_slopes
 from verify.bab.relu_split import ReluBounder
-from verify.cli import build_parser
+from verify.cli.main import build_parser
 from verify.property import Polytope, Region, VnnlibProperty
 
 D = torch.float64

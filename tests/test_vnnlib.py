@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from verify.errors import SpecificationError
-from verify.io.vnnlib import MAX_TERMS, VnnlibProperty, load_vnnlib, parse_vnnlib
+from verify.io.vnnlib import MAX_TERMS, VnnlibProperty, parse_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 VNNCOMP = DATA / "vnncomp2022"

@@ -314,7 +314,7 @@ def test_missing_file_and_bad_path_type(tmp_path: Path) -> None:
 def test_load_vnnlib_reads_a_20_file_through_the_20_reader(tmp_path: Path) -> None:
     """`verify.load_vnnlib` (the one entry point of `verify.verify` and the CLI) dispatches 2.0
     files, also gzipped, and keeps reading 1.0 files with the 1.0 reader."""
-    from verify.io.vnnlib import load_vnnlib
+    from verify.io.vnnlib_load import load_vnnlib
 
     text = _to_v2(ACAS_LIKE_10, "[4]", "[3]", lambda kind, i: f"{kind}[{i}]")
     path = _write(tmp_path, text)

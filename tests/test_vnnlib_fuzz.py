@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verify.errors import SpecificationError
-from verify.io.vnnlib import VnnlibProperty, load_vnnlib, parse_vnnlib
+from verify.io.vnnlib import VnnlibProperty, parse_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 
 FUZZ = settings(
     max_examples=int(os.environ.get("VNNLIB_FUZZ_EXAMPLES", "200")),

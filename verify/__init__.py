@@ -14,9 +14,11 @@ from verify.errors import (
     VerificationInputError,
 )
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
-from verify.monitor import Ball, Box, Monitor, MonitorMismatchError, monitor
-from verify.verifier import VerificationResult, verify
+from verify.io.vnnlib_load import load_vnnlib
+from verify.monitor import Ball, Box, Monitor, MonitorMismatchError
+from verify.monitor.api import monitor  # after the package: `verify.monitor` is the function
+from verify.result import VerificationResult
+from verify.verifier import verify
 
 __all__ = [
     "BabConfig",

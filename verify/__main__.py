@@ -1,5 +1,5 @@
-"""`python -m verify ...`: see `verify.cli`."""
+"""`python -m verify ...`: see `verify.cli.main`."""
 
-from verify.cli import main
+from verify.cli.main import main
 
 raise SystemExit(main())

@@ -1,4 +1,12 @@
-"""`verify.bounds`: sound bounds on a network's outputs (or linear functions of them)."""
+"""`verify.bounds`: sound bounds on a network's outputs (or linear functions of them).
+
+Shapes. `bounds` takes its region with a batch axis: `x`, `lower` and `upper` of shape
+`[batch, *input_shape]` (e.g. `[1, 64]` for one input of a network taking `(64,)`; a tensor of
+exactly the network's `input_shape` is read as a batch of one). `verify.monitor` takes one
+sample's box instead (`(64,)`, or `[k, 64]` for k regions) and accepts `[1, 64]` where that is
+unambiguous (see `verify.monitor.api`); a shape that fits neither is a `ShapeMismatchError`
+naming the expected `[batch, *input_shape]`.
+"""
 
 from __future__ import annotations
 

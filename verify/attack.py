@@ -34,7 +34,9 @@ class UnsafeSpec:
     n_polytopes: int
 
     @staticmethod
-    def of(region: Region, dtype=torch.float32, device=None) -> UnsafeSpec:
+    def of(
+        region: Region, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+    ) -> UnsafeSpec:
         C, b, owner = region_spec(region, dtype)
         return UnsafeSpec(
             C[0].to(device),

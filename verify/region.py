@@ -144,7 +144,9 @@ def _domain(domain: Any) -> tuple[float, float]:
     return d_lo, d_hi
 
 
-def output_spec(C: Any, batch: int, n_out: int, dtype: torch.dtype, device) -> Tensor:
+def output_spec(
+    C: Any, batch: int, n_out: int, dtype: torch.dtype, device: torch.device | None
+) -> Tensor:
     """`C` as `[batch, n_specs, n_out]` (identity when None; a 2-D C is shared by the batch)."""
     if C is None:
         return torch.eye(n_out, dtype=dtype, device=device).expand(batch, n_out, n_out)

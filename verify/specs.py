@@ -24,7 +24,7 @@ def margin_spec(labels: Tensor, n_classes: int, dtype: torch.dtype = torch.float
 
 
 def region_box(
-    region: Region, input_shape: tuple[int, ...], dtype=torch.float32
+    region: Region, input_shape: tuple[int, ...], dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
     """The VNN-LIB region's input box as `[1, *input_shape]` tensors (row-major X_i order)."""
     lower = torch.tensor(np.array(region.lower), dtype=dtype).reshape(1, *input_shape)
@@ -32,7 +32,9 @@ def region_box(
     return lower, upper
 
 
-def region_spec(region: Region, dtype=torch.float32) -> tuple[Tensor, Tensor, list[int]]:
+def region_spec(
+    region: Region, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor, list[int]]:
     """All unsafe polytopes' rows stacked: `(C [1, m, n_out], b [m], polytope id per row)`.
 
     The property holds on the region if for every polytope some row has `C y > b` everywhere,

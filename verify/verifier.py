@@ -17,47 +17,22 @@ import math
 import numbers
 import os
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from bounds.errors import InvalidLimitError, ShapeMismatchError
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
+from verify.bab.common import RegionOutcome
+from verify.distributed.shards import ShardedSolver
 from verify.io.onnx_loader import load_onnx
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
-
-STATUSES = ("unsat", "sat", "unknown", "timeout")
-
-
-@dataclass(frozen=True)
-class VerificationResult:
-    """status: one of `STATUSES`; counterexample: `(x [n_in], y [n_out])` float64 when "sat";
-    seconds: wall time; stats: per-region branch-and-bound counters."""
-
-    status: str
-    counterexample: tuple[Tensor, Tensor] | None = None
-    seconds: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
-        if (self.status == "sat") != (self.counterexample is not None):
-            raise ValueError("a counterexample is given exactly when the status is 'sat'")
-
-    def results_text(self) -> str:
-        """The VNN-COMP results file: the status, and for "sat" the assignment
-        `((X_0 v)\\n (X_1 v)\\n ... (Y_0 v)\\n ...)`."""
-        if self.counterexample is None:
-            return f"{self.status}\n"
-        x, y = self.counterexample
-        pairs = [f"(X_{i} {float(v)!r})" for i, v in enumerate(x.reshape(-1).tolist())]
-        pairs += [f"(Y_{i} {float(v)!r})" for i, v in enumerate(y.reshape(-1).tolist())]
-        return "sat\n(" + "\n ".join(pairs) + ")\n"
+from verify.result import VerificationResult
 
 
 def _load(net: nn.Module | str | os.PathLike, spec) -> tuple[nn.Module, VnnlibProperty]:
@@ -128,13 +103,11 @@ def check_workers(workers: Any) -> int:
     return int(workers)
 
 
-def region_solver(workers: int, ray_address: str | None):
+def region_solver(workers: int, ray_address: str | None) -> Callable[..., RegionOutcome]:
     """`solve_region` for one worker and no cluster address (today's path, no Ray); else the
-    sharded solver with the same signature (imported, and connected to Ray, only then)."""
+    sharded solver with the same signature (which imports Ray, and connects, only then)."""
     if workers == 1 and ray_address is None:
         return solve_region
-    from verify.distributed.shards import ShardedSolver  # optional extra: imports Ray lazily
-
     return ShardedSolver(workers, ray_address)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import verify.cli as cli
+import verify.cli.main as cli
 from tests.bad_inputs.conftest import no_side_effects
 from tests.bad_inputs.tiny import tiny_onnx, tiny_vnnlib
 
@@ -197,7 +197,7 @@ def slow_region(net, region, deadline, config, seed):  # branch and bound that t
 
 
 verifier.solve_region = slow_region
-from verify.cli import main
+from verify.cli.main import main
 raise SystemExit(main(sys.argv[1:]))
 """
 

@@ -17,8 +17,8 @@ from bounds.errors import (
     ShapeMismatchError,
 )
 from tests.bad_inputs.conftest import no_side_effects, raises_where, unchanged_module
-from verify.faults import Fault, FaultSiteError, inject, sample_faults, weight_sites
 from verify.monitor import Ball, Box, MonitorMismatchError, MonitorOptionError, monitor
+from verify.monitor.faults import Fault, FaultSiteError, inject, sample_faults, weight_sites
 
 D = torch.float64
 
@@ -218,7 +218,7 @@ def test_bad_sampling(kw, error, where):
 
 
 def _cli(tmp_path, *argv):
-    from verify import faults_cli
+    from verify.cli import faults as faults_cli
 
     parser = argparse.ArgumentParser()
     faults_cli.add_parser(parser.add_subparsers(dest="command"))

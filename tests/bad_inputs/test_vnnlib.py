@@ -13,8 +13,9 @@ import pytest
 
 from tests.bad_inputs.conftest import no_side_effects, raises_where
 from verify.errors import SpecificationError
-from verify.io import vnnlib
-from verify.io.vnnlib import MAX_TERMS, load_vnnlib, parse_vnnlib
+from verify.io import vnnlib_common as vnnlib
+from verify.io.vnnlib import MAX_TERMS, parse_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 
 DECLS = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n"  # lines 1-2
 BOX = "(assert (>= X_0 0))\n(assert (<= X_0 1))\n"  # lines 3-4

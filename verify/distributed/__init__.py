@@ -1,7 +1,7 @@
-"""Scale-out on Ray (optional extra `[distributed]`): whole suites spread as one Ray task per
-instance (`suite.py`), one hard instance sharded over Ray actors with work stealing
-(`shards.py`, `workers.py`, `board.py`, `searches.py`), one aggregated progress bar
-(`progress.py`).
+"""Scale-out on Ray (optional extra `[distributed]`): one hard instance sharded over Ray actors
+with work stealing (`shards.py`, `workers.py`, `board.py`, `searches.py`), one aggregated
+progress bar (`progress.py`); whole suites are spread as one Ray task per instance by the
+command line (`verify.cli.suite`).
 
 Ray is imported lazily (`cluster.require_ray`): importing this package needs nothing beyond the
 core install, and a missing Ray gives `RayUnavailableError` (a `VerificationInputError`, so the

@@ -55,7 +55,7 @@ class Board:
             self.reason, self.finished, self.gifts = None, False, 0
             self._condition().notify_all()
 
-    async def take(self, token: str, rank: int, counters: dict, seconds: float):
+    async def take(self, token: str, rank: int, counters: dict, seconds: float) -> tuple[str, Any]:
         """("work", [ref]), ("done", None), ("stop", reason) or ("wait", None) after
         `seconds` without any of those."""
         cond = self._condition()

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TextIO
 
-from verify.verifier import STATUSES
+from verify.result import STATUSES
 
 _current: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
     "ldverify_progress", default=None

@@ -20,6 +20,7 @@ domain is bounded against the same intervals as in the serial search.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +28,18 @@ import torch
 from torch import Tensor, nn
 
 from bounds.types import Interval
-from verify.bab import BabConfig, Domains, RegionBab, ReluBab, ReluDomains, splitting_mode
+from verify.attack import find_counterexample
+from verify.bab import (
+    BabConfig,
+    Domains,
+    RegionBab,
+    ReluBab,
+    ReluDomains,
+    solve_region,
+    splitting_mode,
+)
 from verify.bab.common import DomainBatch
-from verify.property import Polytope, Region, VnnlibProperty
-from verify.verifier import verify
+from verify.property import Polytope, Region
 
 Found = tuple[Tensor, Tensor] | None
 
@@ -113,16 +122,22 @@ class ReluShard(ReluBab):
 
 
 def warm_up() -> None:
-    """Verify a tiny property once: a fresh worker process pays torch's and the verifier's
-    first-call costs here, not inside an instance's time limit."""
+    """Decide a tiny region once, as the verifier does (attack, then branch and bound, called
+    directly): a fresh worker process pays torch's and the search's first-call costs here, not
+    inside an instance's time limit."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1)).eval()
     unsafe = (Polytope(np.ones((1, 1)), np.array([-100.0])),)
-    prop = VnnlibProperty("<warm-up>", 2, 1, (Region(-np.ones(2), np.ones(2), unsafe),))
-    verify(net, prop, timeout=10.0)
+    region = Region(-np.ones(2), np.ones(2), unsafe)
+    config = BabConfig()
+    deadline = time.monotonic() + 10.0
+    if find_counterexample(net, region, config=config.attack, seed=0, deadline=deadline) is None:
+        solve_region(net, region, deadline, config, 0)
 
 
-def make_search(net: nn.Module, region: Region, config: BabConfig, seed: int):
+def make_search(
+    net: nn.Module, region: Region, config: BabConfig, seed: int
+) -> tuple[InputShard | ReluShard, str]:
     """The steppable search `splitting_mode` picks for `region`, and its mode name."""
     mode = splitting_mode(net, region, config)
     if mode == "relu":
@@ -130,6 +145,8 @@ def make_search(net: nn.Module, region: Region, config: BabConfig, seed: int):
     return InputShard(net, region, config, seed), mode
 
 
-def search_for(mode: str, net: nn.Module, region: Region, config: BabConfig, seed: int):
+def search_for(
+    mode: str, net: nn.Module, region: Region, config: BabConfig, seed: int
+) -> InputShard | ReluShard:
     """The steppable search of `mode` ("input" or "relu")."""
     return (ReluShard if mode == "relu" else InputShard)(net, region, config, seed)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -58,7 +59,7 @@ LARGEST = ("max_open", "max_depth")
 _pools: dict[tuple, ShardPool] = {}
 
 
-def lost_errors(ray) -> tuple[type, ...]:
+def lost_errors(ray: ModuleType) -> tuple[type, ...]:
     """The Ray errors that mean a worker (or an object it owned) is gone."""
     ex = ray.exceptions
     return (ex.RayActorError, ex.WorkerCrashedError, ex.ObjectLostError, ex.NodeDiedError)
@@ -67,7 +68,7 @@ def lost_errors(ray) -> tuple[type, ...]:
 class ShardPool:
     """`workers` `ShardWorker` actors (`threads` CPUs, `gpus` GPU share each) and a `Board`."""
 
-    def __init__(self, ray, workers: int, threads: int, gpus: float) -> None:
+    def __init__(self, ray: ModuleType, workers: int, threads: int, gpus: float) -> None:
         self.ray, self.threads, self.gpus = ray, threads, gpus
         self.worker_class = ray.remote(ShardWorker)
         self.board = ray.remote(Board).options(num_cpus=0).remote()
@@ -111,7 +112,7 @@ class ShardPool:
         self.actors, self.booting = [], {}
 
 
-def pool_for(ray, workers: int, threads: int, gpus: float) -> ShardPool:
+def pool_for(ray: ModuleType, workers: int, threads: int, gpus: float) -> ShardPool:
     """The cached pool of this shape on the connected cluster (a new one after a reconnect)."""
     key = (ray.get_runtime_context().get_node_id(), workers, threads, gpus)
     pool = _pools.get(key)
@@ -182,7 +183,8 @@ class ShardedSolver:
 class Run:
     """One attempt at one region (`solve`); status "lost" when a worker died."""
 
-    def __init__(self, ray, pool: ShardPool, net, region, config, seed: int, deadline: float):
+    def __init__(self, ray: ModuleType, pool: ShardPool, net: nn.Module, region: Region,
+                 config: BabConfig, seed: int, deadline: float) -> None:  # fmt: skip
         self.ray, self.pool, self.net, self.region = ray, pool, net, region
         self.config, self.seed, self.deadline = config, seed, deadline
         self.search, self.mode = make_search(net, region, config, seed)

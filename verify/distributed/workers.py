@@ -17,13 +17,25 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
+from torch import nn
 
-from verify.bab.common import DeadlineReachedError
+from verify.bab import BabConfig
+from verify.bab.common import DeadlineReachedError, DomainBatch
 from verify.distributed.cluster import require_ray
-from verify.distributed.searches import Context, donation, portable, search_for, warm_up
+from verify.distributed.searches import (
+    Context,
+    InputShard,
+    ReluShard,
+    donation,
+    portable,
+    search_for,
+    warm_up,
+)
+from verify.property import Region
 
 POLL_SECONDS = 0.05  # between a busy worker's board polls (one round trip each)
 WAIT_SECONDS = 0.5  # longest wait for work before the worker re-checks its deadline
@@ -44,7 +56,8 @@ class ShardReport:
 class WorkLoop:
     """The loop of one worker on one search (`run`); `ray` is the imported module."""
 
-    def __init__(self, ray, board, token: str, rank: int, search, deadline: float) -> None:
+    def __init__(self, ray: ModuleType, board: Any, token: str, rank: int,
+                 search: InputShard | ReluShard, deadline: float) -> None:  # fmt: skip
         self.ray, self.board, self.token, self.rank = ray, board, token, rank
         self.search, self.deadline = search, deadline
         self.search.deadline = deadline
@@ -52,7 +65,7 @@ class WorkLoop:
         self.gifts = 0
         self.seconds = {"step": 0.0, "wait": 0.0, "board": 0.0}  # where the time went
 
-    def counters(self, open_) -> dict[str, int]:
+    def counters(self, open_: DomainBatch | None) -> dict[str, int]:
         return {"domains": int(self.search.stats["domains"]), "open": len(open_ or ())}
 
     def _stop(self, reason: str) -> None:
@@ -145,7 +158,8 @@ class ShardWorker:
     def ready(self) -> int:
         return self.pid
 
-    def run(self, token: str, board, rank: int, net, device: str, region, mode: str, config,
+    def run(self, token: str, board: Any, rank: int, net: nn.Module, device: str, region: Region,
+            mode: str, config: BabConfig,
             seed: int, context: Context, seconds: float) -> ShardReport:  # fmt: skip
         """Work on the board's search of `region` for at most `seconds` (from the call), with
         `net` (this process's copy) moved to `device`."""

@@ -27,7 +27,6 @@ for unreadable or malformed files, `InvalidNetworkError`, `ShapeMismatchError` o
 
 from __future__ import annotations
 
-import heapq
 import math
 import operator
 import os
@@ -53,8 +52,9 @@ from bounds.errors import (
 )
 from verify.errors import SpecificationError
 from verify.io.onnx_builder import GraphBuilder, Traced
-from verify.io.onnx_checks import MAX_ELEMENTS, node_label, nonfinite_where, unsupported
+from verify.io.onnx_checks import MAX_ELEMENTS, nonfinite_where, unsupported
 from verify.io.onnx_fold import FOLDERS, fold
+from verify.io.onnx_graph import check_structure, describe
 from verify.io.onnx_nonlinear import HANDLERS as NONLINEAR_HANDLERS
 from verify.io.onnx_nonlinear import PRODUCTS, two_activations
 from verify.io.onnx_ops import HANDLERS as AFFINE_HANDLERS
@@ -161,7 +161,7 @@ def _read_model(path: str) -> onnx.ModelProto:
 def _check_graph(model: onnx.ModelProto, path: str) -> list[tuple[str, tuple[int, ...], bool]]:
     """Structure, network inputs and the ONNX checker, before any tensor is built; returns each
     network input's name, its (batch-1) ONNX shape and whether axis 0 is the batch."""
-    _check_structure(model.graph, path)
+    check_structure(model.graph, path)
     network_input = _network_inputs(model.graph, {t.name for t in model.graph.initializer}, path)
     try:
         onnx.checker.check_model(model)
@@ -202,83 +202,6 @@ def _load_external_data(model: onnx.ModelProto, path: str) -> None:
             raise SpecificationError(f"{what} in {location!r}: {err}", path=path) from err
 
 
-# ----------------------------------------------------------------------------- graph structure
-
-
-def _describe(node: onnx.NodeProto) -> str:
-    return f"node {node_label(node)!r} ({node.op_type})"
-
-
-def _check_structure(graph: onnx.GraphProto, path: str) -> None:
-    """At least one output; every node input is defined once; no cycle. Sorts the nodes
-    topologically (in place) when they are listed out of order."""
-    if not graph.output:
-        raise SpecificationError("expected at least one graph output, found 0", path)
-    given = {t.name for t in graph.initializer} | {i.name for i in graph.input}
-    producer: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
-        for name in filter(None, node.output):
-            if name in given or name in producer:
-                other = _describe(producer[name]) if name in producer else "an input/initializer"
-                raise InvalidNetworkError(
-                    f"{path}: {_describe(node)} writes {name!r}, already defined by {other}"
-                )
-            producer[name] = node
-    for node in graph.node:
-        for name in filter(None, node.input):
-            if name not in given and name not in producer:
-                raise InvalidNetworkError(
-                    f"{path}: {_describe(node)} reads {name!r}, which no node, initializer or "
-                    "graph input defines"
-                )
-    for output in (o.name for o in graph.output):
-        if output not in given and output not in producer:
-            raise SpecificationError(f"the graph output {output!r} is defined by no node", path)
-    order = _topological_order(list(graph.node), producer, path)
-    if [id(n) for n in order] != [id(n) for n in graph.node]:
-        copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
-        del graph.node[:]
-        graph.node.extend(copies)
-
-
-def _topological_order(
-    nodes: list[onnx.NodeProto], producer: dict[str, onnx.NodeProto], path: str
-) -> list[onnx.NodeProto]:
-    """Kahn's algorithm, keeping the file's order among ready nodes; names a cycle if any."""
-    index = {id(n): k for k, n in enumerate(nodes)}
-    deps = [{index[id(producer[i])] for i in n.input if i in producer} for n in nodes]
-    users: list[list[int]] = [[] for _ in nodes]
-    for k, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(k)
-    waiting = [len(ds) for ds in deps]
-    ready = [k for k, w in enumerate(waiting) if w == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        k = heapq.heappop(ready)
-        order.append(k)
-        for u in users[k]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) < len(nodes):
-        raise InvalidNetworkError(f"{path}: the graph has a cycle: {_cycle(nodes, deps, order)}")
-    return [nodes[k] for k in order]
-
-
-def _cycle(nodes: list[onnx.NodeProto], deps: list[set[int]], done: list[int]) -> str:
-    """'a (Relu) -> b (Relu) -> a (Relu)': walk back along unfinished dependencies."""
-    left = set(range(len(nodes))) - set(done)
-    walk = [min(left)]
-    while True:
-        nxt = min(d for d in deps[walk[-1]] if d in left)
-        if nxt in walk:
-            loop = [*walk[walk.index(nxt) :], nxt][::-1]
-            return " -> ".join(f"{node_label(nodes[k])!r} ({nodes[k].op_type})" for k in loop)
-        walk.append(nxt)
-
-
 # ----------------------------------------------------------------------------- constants, input
 
 
@@ -299,7 +222,7 @@ def _initializers(graph: onnx.GraphProto, path: str) -> dict[str, np.ndarray]:
         problem = nonfinite_where(array)
         if problem:
             reader = readers.get(tensor.name)
-            user = f"read by {_describe(reader)}" if reader else "read by no node"
+            user = f"read by {describe(reader)}" if reader else "read by no node"
             raise InvalidNetworkError(
                 f"{path}: initializer {tensor.name!r} ({user}) contains {problem}"
             )
@@ -408,14 +331,14 @@ def _translate(b: GraphBuilder, node: onnx.NodeProto, inputs: list, path: str) -
     except VerificationInputError:
         raise
     except (ValueError, TypeError, IndexError, KeyError, RuntimeError, ArithmeticError) as err:
-        raise InvalidNetworkError(f"{path}: malformed {_describe(node)}: {err}") from err
+        raise InvalidNetworkError(f"{path}: malformed {describe(node)}: {err}") from err
     results = result if isinstance(result, list) else [result]
     for r in results:
         if all(r is not v for v in inputs):
             b.elements += r.example.numel()
     if b.elements > MAX_TOTAL_ELEMENTS:
         raise InvalidNetworkError(
-            f"{path}: at {_describe(node)} the network's activations exceed "
+            f"{path}: at {describe(node)} the network's activations exceed "
             f"{MAX_TOTAL_ELEMENTS} elements (MAX_TOTAL_ELEMENTS)"
         )
     return results
@@ -432,11 +355,11 @@ def _fold(node: onnx.NodeProto, inputs: list, path: str) -> np.ndarray:
     try:
         result = fold(node, inputs)
     except (ValueError, IndexError, KeyError, TypeError, ArithmeticError) as err:
-        raise InvalidNetworkError(f"{path}: folding {_describe(node)} failed: {err}") from err
+        raise InvalidNetworkError(f"{path}: folding {describe(node)} failed: {err}") from err
     problem = nonfinite_where(result)
     if problem:
         raise InvalidNetworkError(
-            f"{path}: {_describe(node)} computes {node.output[0]!r} from constants, which "
+            f"{path}: {describe(node)} computes {node.output[0]!r} from constants, which "
             f"contains {problem}"
         )
     return result

@@ -3,10 +3,10 @@
 VNN-LIB 2.0 declares the network and its tensors (``(vnnlib-version <2.0>)``,
 ``(declare-network N (declare-input X float32 [2,3]) (declare-output Y float32 [5]))``) and names
 tensor elements by index (``X[0,1]``). The package parses and type-checks the file; this module
-translates its syntax tree to the same :class:`verify.io.vnnlib.VnnlibProperty` as the 1.0 reader:
+translates its syntax tree to the same :class:`verify.property.VnnlibProperty` as the 1.0 reader:
 the input ``x`` and output ``y`` are the declared tensors flattened in row-major order (``X[i,j]``
 of shape ``[m, n]`` is ``x[i * n + j]``), the formula is brought to DNF with the 1.0 reader's
-code (same :data:`verify.io.vnnlib.MAX_TERMS` guard, same order of rows, strict comparisons read as
+code (same :data:`verify.io.vnnlib_common.MAX_TERMS` guard, same order of rows, strict comparisons read as
 non-strict, ``==`` as two inequalities), single-input bounds give the boxes and the other linear
 constraints the polytopes, and terms with the same box are grouped into one region.
 
@@ -32,19 +32,20 @@ import re
 import numpy as np
 
 from verify.errors import SpecificationError
-from verify.io.vnnlib import (
+from verify.io.vnnlib_common import (
     MAX_ENTRIES,
-    VnnlibProperty,
-    _Constraint,
-    _Context,
-    _disjoin,
-    _flatten,
-    _group_regions,
-    _line_count,
+    Constraint,
+    Context,
+    conjoin,
+    constrains_outputs,
+    disjoin,
+    dnf_terms,
+    group_regions,
     is_vnnlib2,
+    line_count,
     read_text,
 )
-from verify.io.vnnlib import _conjoin as _conjoin_dnf
+from verify.property import VnnlibProperty
 
 try:  # optional dependency: `load_vnnlib2` says so when it is missing
     import vnnlib as _pkg
@@ -83,7 +84,7 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     text = _LINE_BREAK.sub("\n", text.removeprefix("\ufeff"))
     if not text.strip():
         raise SpecificationError("empty specification", path=path)
-    ctx, last_line = _Context(path), _line_count(text)
+    ctx, last_line = Context(path), line_count(text)
     if "\x00" in text:  # the C++ parser would silently stop there (dropping what follows)
         raise ctx.error("NUL character in the text", text.count("\n", 0, text.index("\x00")) + 1)
     _check_depth(ctx, text)
@@ -97,20 +98,18 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     dnfs = [_formula(ctx, tensors, a.expr) for a in query.assertions]
     if not dnfs:
         raise ctx.error("no assertion (the unsafe set is missing)", last_line)
-    common = _flatten(ctx, [tuple(dnf[0] for dnf in dnfs if len(dnf) == 1)], last_line)[0]
-    terms = _conjoin_dnf(ctx, [dnf for dnf in dnfs if len(dnf) > 1], last_line)
-    terms = _flatten(ctx, terms, last_line)
-    if not any(v[0] == "Y" for term in [common, *terms] for con in term for v in con.coefs):
+    common, terms = dnf_terms(ctx, dnfs, last_line)
+    if not constrains_outputs(common, terms):
         raise ctx.error(f"no constraint on the output {y_def.name} (unsafe set missing)", last_line)
     names = (x_def, y_def)
-    regions = _group_regions(
+    regions = group_regions(
         ctx, common, terms, sizes, last_line,
         name=lambda i: _element(names[0], i), missing_line=lambda i: last_line,
     )  # fmt: skip
     return VnnlibProperty(path, sizes[0], sizes[1], regions)
 
 
-def _check_depth(ctx: _Context, text: str) -> None:
+def _check_depth(ctx: Context, text: str) -> None:
     """Parentheses (outside comments) nest at most :data:`MAX_DEPTH` deep."""
     depth = 0
     for number, line in enumerate(text.split("\n"), start=1):
@@ -127,7 +126,7 @@ def _check_depth(ctx: _Context, text: str) -> None:
                 depth -= 1
 
 
-def _parse(ctx: _Context, text: str):
+def _parse(ctx: Context, text: str):
     """The package's syntax tree; its errors become ``SpecificationError`` (message and line)."""
     try:
         return _pkg.parse_query_string(text)
@@ -139,7 +138,7 @@ def _parse(ctx: _Context, text: str):
         raise ctx.error(msg, None) from exc
 
 
-def _package_error(ctx: _Context, message: str) -> SpecificationError:
+def _package_error(ctx: Context, message: str) -> SpecificationError:
     """The package reports either JSON (type errors) or ``Parse error: ... at line N, ...``."""
     try:
         report = json.loads(message)
@@ -159,7 +158,7 @@ def _package_error(ctx: _Context, message: str) -> SpecificationError:
     return ctx.error(" ".join(parts), line if isinstance(line, int) and line > 0 else None)
 
 
-def _single_network(ctx: _Context, query, last_line: int):
+def _single_network(ctx: Context, query, last_line: int):
     """The one network, with one floating-point input and output tensor and nothing else."""
     networks = query.networks
     if len(networks) != 1:
@@ -205,8 +204,8 @@ def _first_line(node) -> int | None:
     return None
 
 
-def _formula(ctx: _Context, tensors: dict, expr) -> list:
-    """The DNF of a formula: a list of terms, each a tuple tree of ``_Constraint``.
+def _formula(ctx: Context, tensors: dict, expr) -> list:
+    """The DNF of a formula: a list of terms, each a tuple tree of ``Constraint``.
 
     Iterative post-order walk (no recursion); ``and`` / ``or`` use the 1.0 reader's expansion.
     """
@@ -226,7 +225,7 @@ def _formula(ctx: _Context, tensors: dict, expr) -> list:
             del values[len(values) - len(args) :]
             if not parts:
                 raise ctx.error(f"'{kind.lower()}' without arguments", line)
-            merge = _conjoin_dnf if kind == "And" else _disjoin
+            merge = conjoin if kind == "And" else disjoin
             values.append(merge(ctx, parts, line))
         elif kind in _COMPARISONS:
             values.append([tuple(_comparison(ctx, tensors, node, _COMPARISONS[kind]))])
@@ -236,7 +235,7 @@ def _formula(ctx: _Context, tensors: dict, expr) -> list:
     return values[0]
 
 
-def _comparison(ctx: _Context, tensors: dict, node, ops: tuple[str, ...]) -> list[_Constraint]:
+def _comparison(ctx: Context, tensors: dict, node, ops: tuple[str, ...]) -> list[Constraint]:
     """``lhs op rhs`` as constraints ``coefs . v <= bound`` over ``("X", i)`` / ``("Y", j)``."""
     line = _first_line(node)
     coefs: dict[tuple[str, int], float] = {}
@@ -261,11 +260,11 @@ def _comparison(ctx: _Context, tensors: dict, node, ops: tuple[str, ...]) -> lis
         bound = 0.0 - s * const + 0.0  # + 0.0: no -0.0
         if not (math.isfinite(bound) and all(map(math.isfinite, row.values()))):
             raise ctx.error("arithmetic overflow in the comparison (not a finite number)", line)
-        out.append(_Constraint(row, bound, line))
+        out.append(Constraint(row, bound, line))
     return out
 
 
-def _variable(ctx: _Context, tensors: dict, var, line: int | None) -> tuple[str, int]:
+def _variable(ctx: Context, tensors: dict, var, line: int | None) -> tuple[str, int]:
     """``("X", flat index)`` for an element of the input, ``("Y", ...)`` for the output."""
     kind = str(var.kind).rsplit(".", 1)[-1]
     entry = tensors.get((var.name, kind))

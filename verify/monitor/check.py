@@ -4,6 +4,7 @@ the check calls inserted after each monitored node, and the wrapped module."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from bounds.errors import (
 )
 from bounds.graph import Graph
 from bounds.ops import ReshapeOp
-from verify.monitor_sums import SumRecorder, inplace_users
+from verify.monitor.sums import SumCheck, SumRecorder, inplace_users
 
 
 class MonitorMismatchError(VerificationInputError):
@@ -347,8 +348,9 @@ def _fusable_relu(node: fx.Node, gm: fx.GraphModule) -> fx.Node | None:
     return None
 
 
-def make_checker(gm: fx.GraphModule, names, shapes, ranges, action: str, like: Tensor, keep: bool,
-                 sums=()):  # fmt: skip
+def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                 ranges: Sequence[tuple[Tensor, Tensor]], action: str, like: Tensor, keep: bool,
+                 sums: Sequence[SumCheck] = ()) -> _Checker:  # fmt: skip
     """Inserts a check after each fx node of `names` (node shapes `shapes`, ranges
     `[R, *shape]` or `[R, 1, ...]` each) into `gm`, and the checksum records of `sums`
     (`SumCheck`s of nodes among `names`; detect actions only)."""
@@ -392,7 +394,8 @@ class MonitoredNet(nn.Module):
     """The user's network with the checks fused in. `forward(x, region=None)` returns the
     (clipped, for clip actions) output and sets `.report`; `run` returns both."""
 
-    def __init__(self, gm: fx.GraphModule, checker: _Checker, names, input_shape, dtype) -> None:
+    def __init__(self, gm: fx.GraphModule, checker: _Checker, names: Sequence[str],
+                 input_shape: tuple[int, ...], dtype: torch.dtype) -> None:  # fmt: skip
         super().__init__()
         self.module = gm
         self._checker = checker

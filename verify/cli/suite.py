@@ -27,18 +27,26 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import Any, TextIO
 
 import torch
 
 from bounds.errors import VerificationInputError
-from verify import cli
 from verify.bab import ReluSplitConfig
+from verify.cli.options import (
+    DEFAULT_METHOD,
+    bab_config,
+    check_method,
+    check_output_file,
+    load_network,
+    resolve,
+)
+from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.distributed import cluster
 from verify.distributed.progress import Progress
 from verify.distributed.searches import warm_up
-from verify.io.vnnlib import load_vnnlib
+from verify.io.vnnlib_load import load_vnnlib
 from verify.verifier import verify
 
 NET_CACHE_SIZE = 64  # networks kept per worker process
@@ -104,7 +112,7 @@ def cached_network(path: str, device: str) -> torch.nn.Module:
     if key in _nets:
         _nets.move_to_end(key)
         return _nets[key]
-    net = cli.load_network(Path(path), device)
+    net = load_network(Path(path), device)
     _nets[key] = net
     while len(_nets) > NET_CACHE_SIZE:
         _nets.popitem(last=False)
@@ -122,17 +130,17 @@ def solve_job(job: Job, settings: Settings) -> Answer:
                               hard_stall=settings.hard_stall,
                               root_bounds=settings.root_bounds,
                               hard_warm_start=settings.hard_warm_start)  # fmt: skip
-    config = cli.bab_config(options)
+    config = bab_config(options)
     try:
         net = cached_network(job.network, settings.device)
         prop = load_vnnlib(Path(job.property))
-        cli.check_method(options, net, prop, config)
+        check_method(options, net, prop, config)
     except (VerificationInputError, OSError) as error:
         return Answer(job.index, None, error=str(error), pid=os.getpid())
     budget = job.budget - queued - (time.monotonic() - start)
     if budget <= 0:
         return Answer(job.index, "timeout", pid=os.getpid())
-    result = verify(net, prop, timeout=budget, method=settings.method or cli.DEFAULT_METHOD,
+    result = verify(net, prop, timeout=budget, method=settings.method or DEFAULT_METHOD,
                     splitting=settings.splitting, config=config)  # fmt: skip
     domains = sum(int(r.get("domains", 0)) for r in result.stats.get("regions", []))
     return Answer(job.index, result.status, domains, os.getpid(),
@@ -152,23 +160,30 @@ def settings_of(args: argparse.Namespace) -> Settings:
     root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
     warm = getattr(args, "hard_warm_start", ReluSplitConfig.hard_warm_start)
     return Settings(
-        args.method, args.splitting, args.prox_sweeps, args.device, args.threads, bounder, stall,
-        root, warm,
+        args.method,
+        args.splitting,
+        args.prox_sweeps,
+        args.device,
+        args.threads,
+        bounder,
+        stall,
+        root,
+        warm,
     )
 
 
-def run_suite(args: argparse.Namespace, out=None, errors=None,
+def run_suite(args: argparse.Namespace, out: TextIO | None = None, errors: TextIO | None = None,
               solve: Callable[[Job, Settings], Answer] = solve_job) -> list[dict]:  # fmt: skip
     """`run-all` over Ray (see the module docstring); returns the rows written to `args.out`.
     `solve` runs in the workers (tests replace it, e.g. by one that crashes once)."""
     out, errors = out or sys.stdout, errors or sys.stderr
-    cli.check_output_file(args.out, "--out")
+    check_output_file(args.out, "--out")
     what = f"--workers {args.workers}" if args.ray is None else f"--ray {args.ray}"
     ray = cluster.connect(args.workers or 1, args.ray, args.threads, what)
     cluster.release()  # cached shard workers would hold the CPUs the tasks need
     workers = args.workers or cluster.cluster_workers(ray, args.threads)
     root = args.root or args.instances.parent
-    instances = cli.read_instances(args.instances, args.limit, errors)
+    instances = read_instances(args.instances, args.limit, errors)
     scheduler = Scheduler(ray, args, workers, settings_of(args), solve, out, errors)
     try:
         return scheduler.run(instances, root)
@@ -179,7 +194,8 @@ def run_suite(args: argparse.Namespace, out=None, errors=None,
 class Scheduler:
     """Submits the jobs (at most `workers` in flight) and collects the answers."""
 
-    def __init__(self, ray, args, workers: int, settings: Settings, solve, out, errors) -> None:
+    def __init__(self, ray: ModuleType, args: argparse.Namespace, workers: int, settings: Settings,
+                 solve: Callable[[Job, Settings], Answer], out: TextIO, errors: TextIO) -> None:  # fmt: skip
         self.ray, self.args, self.workers, self.settings = ray, args, workers, settings
         self.out, self.errors = out, errors
         gpus = cluster.gpu_share(ray, settings.device, workers)
@@ -202,7 +218,7 @@ class Scheduler:
                 break
         return pids
 
-    def run(self, instances: list[cli.Instance], root: Path) -> list[dict]:
+    def run(self, instances: list[Instance], root: Path) -> list[dict]:
         args = self.args
         args.interrupted = False
         self.instances = instances
@@ -223,16 +239,16 @@ class Scheduler:
                 self._record(job.index, "unknown")
             self.inflight.clear()
         rows = [self.rows[i] for i in sorted(self.rows)]
-        cli.write_rows(args.out, rows)
+        write_rows(args.out, rows)
         self.bar.close()
         if args.interrupted:
             print("interrupted: the finished rows are kept", file=self.errors, flush=True)
-        print(cli.summary(rows), file=self.out, flush=True)
+        print(summary(rows), file=self.out, flush=True)
         return rows
 
     def _job(self, index: int, root: Path) -> Job:
         instance = self.instances[index]
-        paths = [str(cli.resolve(root, name)) for name in (instance.network, instance.property)]
+        paths = [str(resolve(root, name)) for name in (instance.network, instance.property)]
         budget = instance.timeout * self.args.timeout_scale
         return Job(index, instance.row, paths[0], paths[1], budget, 0.0)
 
@@ -312,4 +328,4 @@ class Scheduler:
         self.bar.note(f"[{len(self.arrived)}/{total}] {instance.network} {instance.property}: "
                       f"{status} {seconds:.2f} s", self.out)  # fmt: skip
         self.bar.answer(status, domains)
-        cli.write_rows(self.args.out, self.arrived)  # as answers arrive; ordered at the end
+        write_rows(self.args.out, self.arrived)  # as answers arrive; ordered at the end

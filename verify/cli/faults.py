@@ -22,16 +22,27 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bounds.errors import InvalidLimitError, VerificationInputError
-from verify.faults import MODELS, TARGETS, activation_sites, inject, sample_faults, weight_sites
+from verify.cli.options import count_option
+from verify.io.onnx_loader import load_onnx
 from verify.monitor import Box, Monitor, monitor
+from verify.monitor.faults import (
+    MODELS,
+    TARGETS,
+    activation_sites,
+    inject,
+    sample_faults,
+    weight_sites,
+)
 
 FIXED_CLIPS = (6.0, 100.0)
 BIT_CLASSES = ("any", "sign", "exponent", "mantissa")
@@ -39,7 +50,7 @@ BIT_CLASSES = ("any", "sign", "exponent", "mantissa")
 
 @dataclass(frozen=True)
 class Campaign:
-    """What to inject: `trials` trials of `target` faults under `model` (see verify.faults)."""
+    """What to inject: `trials` trials of `target` faults under `model` (see verify.monitor.faults)."""
 
     trials: int
     target: str = "weight"
@@ -137,7 +148,7 @@ def _sites(bench: Bench, target: str) -> dict:
 
 
 def run_campaign(bench: Bench, held_out: Tensor, profiled: dict, campaign: Campaign,
-                 progress=None) -> list[dict]:  # fmt: skip
+                 progress: Callable[[int, int], None] | None = None) -> list[dict]:  # fmt: skip
     """The rows of `campaign` on the held-out input indices `held_out` (see the module
     docstring); the clean network is restored after every trial."""
     methods = Methods(bench, profiled)
@@ -196,7 +207,9 @@ def _rows(chunk, trial_faults, index, bench, clean_of, result, campaign) -> list
     return rows
 
 
-def false_positives(bench: Bench, profiled: dict, inputs: Tensor, region) -> dict[str, float]:
+def false_positives(
+    bench: Bench, profiled: dict, inputs: Tensor, region: Tensor | None
+) -> dict[str, float]:
     """Fraction of the fault-free `inputs` each method flags, and the clean accuracy of each
     clipped network on them (fixed clipping changes fault-free outputs)."""
     methods = Methods(bench, profiled)
@@ -275,7 +288,7 @@ def plot_by_bit(curves: dict[str, dict[int, dict]], path: Path) -> None:
 class Progress:
     """A one-line progress bar on a stream (updated at most every 0.2 s)."""
 
-    def __init__(self, label: str, stream=None) -> None:
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
         self.label, self.stream, self.start, self.last = label, stream or sys.stderr, 0.0, 0.0
 
     def __call__(self, done: int, total: int) -> None:
@@ -335,10 +348,8 @@ def domain_option(text: str) -> tuple[str, list[float]]:
     raise argparse.ArgumentTypeError(f"{text!r}: expected box:LOW,HIGH or ball:EPS (EPS >= 0)")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The `faults` subcommand of `python -m verify`."""
-    from verify.cli import count_option  # the shared option types
-
     p = subparsers.add_parser("faults", help="fault-injection campaign with verified monitors")
     p.add_argument("network", type=Path, help="ONNX network (.onnx or .onnx.gz)")
     p.add_argument("--domain", type=domain_option, required=True, help="box:LOW,HIGH or ball:EPS")
@@ -364,7 +375,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def load_rows(path: Path, shape: tuple[int, ...], scale: float, layout: str):
+def load_rows(
+    path: Path, shape: tuple[int, ...], scale: float, layout: str
+) -> tuple[Tensor, Tensor]:
     """`(inputs [N, *shape], labels [N])` from a CSV of `label, values...` rows."""
     try:
         data = np.loadtxt(path, delimiter=",", ndmin=2)
@@ -392,7 +405,7 @@ def _normaliser(args, shape):
     return lambda t: (t - mean) / std
 
 
-def build_bench(args, net: nn.Module) -> tuple[Bench, Tensor, Tensor]:
+def build_bench(args: argparse.Namespace, net: nn.Module) -> tuple[Bench, Tensor, Tensor]:
     """The bench, the profiling indices and the held-out indices of the CLI's arguments."""
     shape = tuple(net.input_shape)
     raw, labels = load_rows(args.data, shape, args.scale, args.layout)
@@ -434,8 +447,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from verify.io.onnx_loader import load_onnx
-
     torch.set_num_threads(getattr(args, "threads", 1))
     targets = [t for t in args.targets.split(",") if t]
     if not targets or any(t not in TARGETS for t in targets):

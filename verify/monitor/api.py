@@ -14,7 +14,7 @@ sums in any order (Higham, Accuracy and Stability of Numerical Algorithms, 2nd e
 `f` the rounding of the factors (TF32: `2^-10`; else 0); the factor 2 and the 3 extra
 roundings cover constants the graph folded or rounded (`1/std`, BatchNorm). The errors are
 bounded inputs of the network: IBP or CROWN (in float64) bound every node over the domain and
-all of them, so they cancel where the weights make them cancel (`verify/monitor_ranges.py`). CROWN's own
+all of them, so they cancel where the weights make them cancel (`verify/monitor/ranges.py`). CROWN's own
 float64 rounding is covered by `2 gamma_N` (float64) times each node's interval-arithmetic
 magnitude (`crown_pad`). Assumptions: the module evaluates each graph op as written (BatchNorm
 folded into the op before it is evaluated by the module in a few more roundings, covered
@@ -41,10 +41,20 @@ output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
 checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
 convolution of an all-ones output; `b` repeated over the output) with a rigorous tolerance from
-the sample's own `|x|` (`verify.monitor_sums`): proven for every input (no false positives by
+the sample's own `|x|` (`verify.monitor.sums`): proven for every input (no false positives by
 construction), it catches corrupted weights and outputs of the layer and -- recomputing the
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
 every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
+
+Shapes of a domain. `verify.bounds` takes its boxes with a batch axis (`lower` of shape
+`[batch, *input_shape]`, e.g. `[1, 64]`); a monitor's domain is one sample's box (`[*input_shape]`,
+e.g. `(64,)`), or `[k, *input_shape]` for k regions. The per-sample shape is the network's
+(`input_shape=`, else `net.input_shape` when the module declares it). When neither gives it, a box
+with a leading axis of 1 (`[1, 64]`, as `verify.bounds` takes it) is read as one sample of the
+rest (`(64,)`) when the network accepts only that shape, as one sample of the whole shape when it
+accepts only that one, and refused with a `ShapeMismatchError` naming both when it accepts both
+(pass `input_shape=`). A box of another shape than the network's is a `ShapeMismatchError`
+naming the expected shape.
 
 Limits. One input tensor; graph nodes that no fx node computes (helper nodes) are not
 monitored; activations other than ReLU-like ones are refused. Replacing a submodule of `net`
@@ -60,6 +70,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -74,7 +85,7 @@ from bounds.graph import Graph
 from bounds.ops import ActivationOp
 from bounds.types import Interval
 from verify.api import network_graph
-from verify.monitor_check import (
+from verify.monitor.check import (
     MonitoredNet,
     MonitorMismatchError,
     MonitorReport,
@@ -82,9 +93,9 @@ from verify.monitor_check import (
     matched_nodes,
     shared_trace,
 )
-from verify.monitor_compiled import CompiledMonitoredNet, check_graph
-from verify.monitor_ranges import certified_ranges, crown_pad, float_bounds
-from verify.monitor_sums import sum_checks
+from verify.monitor.compiled import CompiledMonitoredNet, check_graph
+from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
+from verify.monitor.sums import SumCheck, sum_checks
 from verify.region import input_box
 
 ACTIONS = ("detect", "clip", "both")
@@ -222,10 +233,20 @@ class Monitor:
     (the default set checked); `box`: the regions `[regions, *input_shape]` (float64)."""
 
     def __init__(
-        self, net, graph, box, bounds, ranges, nodes, affine, input_shape, unit, sums
+        self,
+        net: nn.Module,
+        graph: Graph,
+        box: Interval,
+        bounds: dict[str, Interval],
+        ranges: dict[str, tuple[Tensor, Tensor]],
+        nodes: Sequence[str],
+        affine: Sequence[str],
+        input_shape: tuple[int, ...],
+        unit: tuple[float, float],
+        sums: dict[str, SumCheck],
     ) -> None:
         self.graph, self.box, self.bounds, self.ranges = graph, box, bounds, ranges
-        self.sums = sums  # node name -> SumCheck (verify.monitor_sums)
+        self.sums = sums  # node name -> SumCheck (verify.monitor.sums)
         self.unit = unit  # the unit roundoff of the inferences the ranges certify
         self.nodes, self.affine = tuple(nodes), tuple(affine)
         self.input_shape = tuple(input_shape)
@@ -296,8 +317,8 @@ class Monitor:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
         `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
         `checksums`: detection also checks the checksum invariant of every checked linear
-        layer (`verify.monitor_sums`; a failure flags the layer's node). `compile`: detection
-        through `torch.compile` (`verify.monitor_compiled`; "detect" only, no kept values;
+        layer (`verify.monitor.sums`; a failure flags the layer's node). `compile`: detection
+        through `torch.compile` (`verify.monitor.compiled`; "detect" only, no kept values;
         the eager wrapper serves the calls the compiled graph would not see alike)."""
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):
@@ -357,6 +378,58 @@ def _check_tf32(like: Tensor, unit: tuple[float, float]) -> None:
         )
 
 
+def _first_corner(domain: Any) -> Any:
+    """The lower corner of the domain's first box, or None (a Ball: its leading axis is always
+    the regions'; anything else: left to `regions_box` to refuse)."""
+    item = domain[0] if isinstance(domain, list) and domain else domain
+    if isinstance(item, (Box, Interval)):
+        return item.lower
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0]
+    return None
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(value.shape) if isinstance(value, Tensor) else tuple(np.shape(value))
+    except (TypeError, ValueError):  # ragged or not numeric: `regions_box` names the problem
+        return None
+
+
+def _accepts(net: nn.Module, shape: tuple[int, ...]) -> bool:
+    """Whether `net` runs on a batch of two zero inputs of `shape` (two, not one: an unbatched
+    convolution would take a batch of one for a sample)."""
+    tensors = [t for t in (*net.parameters(), *net.buffers()) if t.is_floating_point()]
+    dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    device = tensors[0].device if tensors else None
+    try:
+        with torch.no_grad():
+            net(torch.zeros(2, *shape, dtype=dtype, device=device))
+    except Exception:  # any failure means the network does not take this shape
+        return False
+    return True
+
+
+def implied_shape(net: nn.Module, domain: Any) -> tuple[int, ...] | None:
+    """The per-sample input shape of a network that declares none, when the domain's first box
+    has a leading axis of 1 (`[1, *shape]`, the batch axis of `verify.bounds`): `shape` when the
+    network accepts only that; None (the box's own shape, as before) otherwise.
+    `ShapeMismatchError` naming both shapes when the network accepts both."""
+    whole = _shape_of(_first_corner(domain))
+    if whole is None or len(whole) < 2 or whole[0] != 1:
+        return None
+    sample = whole[1:]
+    if not _accepts(net, sample):
+        return None
+    if _accepts(net, whole):
+        raise ShapeMismatchError(
+            f"domain: a box of shape {whole} is ambiguous: the network takes one sample of "
+            f"shape {sample} (the box with a batch axis of 1) or of shape {whole}; pass "
+            f"input_shape={sample} (the expected per-sample shape) or a box of that shape"
+        )
+    return sample
+
+
 def _module_ids(net: nn.Module) -> tuple:
     return tuple((name, id(m)) for name, m in net.named_modules())
 
@@ -374,11 +447,15 @@ def monitor(
     pair or `Interval`, or a list of them (one region each, e.g. per class). `method`: "crown"
     or "ibp"; `granularity`: "neuron" (a range per neuron) or "layer" (one per node);
     `precision`: the arithmetic of the inferences to certify ("float32", "float64", "tf32";
-    default: the network's dtype). Raises typed errors for a bad domain or network."""
+    default: the network's dtype). Raises typed errors for a bad domain or network.
+
+    Each box is one sample's (`[*input_shape]`; `[k, *input_shape]`: k regions), where
+    `verify.bounds` takes a batch axis; a `[1, *input_shape]` box is accepted as one sample (see
+    "Shapes of a domain" in the module docstring)."""
     _choice(method, METHODS, "method")
     _choice(granularity, GRANULARITIES, "granularity")
     check_eval(net)
-    shape = input_shape or getattr(net, "input_shape", None)
+    shape = input_shape or getattr(net, "input_shape", None) or implied_shape(net, domain)
     box = regions_box(domain, None if shape is None else tuple(shape))
     shape = tuple(box.lower.shape[1:])
     graph = network_graph(net, shape)

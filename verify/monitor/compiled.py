@@ -1,14 +1,14 @@
 """A compiled detection path for `verify.monitor`: `Monitor.wrap(net, "detect", compile=True)`.
 
-The network's fx trace (sharing `net`'s submodules and parameters, as `verify.monitor_check`)
+The network's fx trace (sharing `net`'s submodules and parameters, as `verify.monitor.check`)
 gets, after each monitored node, its per-sample range test `~(max(x - hi, lo - x) <= 0)` (NaN
 fails; with per-sample regions the bounds are gathered by region index inside the graph) and,
-for each checksum of `verify.monitor_sums`, the per-sample window test of the gap
+for each checksum of `verify.monitor.sums`, the per-sample window test of the gap
 `fl(1^T y) - fl(c^T x)` against `k1 fl(a^T |x|) + k0` (the ReLU recomputed from the
 pre-activation); all pure tensor functions, no buffers and no host sync, so that
 `torch.compile` (Inductor) fuses each node's test into one pass over its values. The gap is
 evaluated as a sum and a separate dot product (any order, FMA or not): `gamma_N + u (1 +
-gamma_N) <= gamma_{N+1}`, so the tolerance of `verify.monitor_sums` covers it. The flags are
+gamma_N) <= gamma_{N+1}`, so the tolerance of `verify.monitor.sums` covers it. The flags are
 the eager wrapper's: the same ranges and windows, so clean inputs of the domain are never
 flagged (the range tests are exact comparisons; a checksum of a faulty layer near its window
 may round to the other side in one path).
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from verify.monitor_check import MonitoredNet, MonitorReport, _first, _hooked
-from verify.monitor_sums import SumCheck, SumRecorder
+from verify.monitor.check import MonitoredNet, MonitorReport, _first, _hooked
+from verify.monitor.sums import SumCheck, SumRecorder
 
 
 def range_flags(value: Tensor, lo: Tensor, hi: Tensor, region: Tensor | None) -> Tensor:
@@ -46,7 +46,7 @@ def range_flags(value: Tensor, lo: Tensor, hi: Tensor, region: Tensor | None) ->
 
 def sum_flags(y: Tensor, source: Tensor, weights: Tensor, low: float, high: float, k1: float,
               relu: bool, absolute: bool) -> Tensor:  # fmt: skip
-    """Per sample `[batch]`: the checksum of `verify.monitor_sums` fails (NaN fails)."""
+    """Per sample `[batch]`: the checksum of `verify.monitor.sums` fails (NaN fails)."""
     x = (torch.relu(source) if relu else source).flatten(1)
     gap = y.flatten(1).sum(1) - (x * weights[0]).sum(1)
     total = ((x.abs() if absolute else x) * weights[1]).sum(1)

@@ -108,7 +108,9 @@ def rounded_graph(graph: Graph, unit: tuple[float, float]) -> Graph:
     return Graph(tuple(nodes))
 
 
-def float_bounds(graph: Graph, box: Interval, method: str, unit) -> dict[str, Interval]:
+def float_bounds(
+    graph: Graph, box: Interval, method: str, unit: tuple[float, float]
+) -> dict[str, Interval]:
     """Intervals `[R, *shape]` of every node that contain its value in every float evaluation
     (`unit`: a `PRECISIONS` entry) on the boxes: IBP or CROWN on the rounded graph (float64)."""
     rounded = rounded_graph(graph, unit)

@@ -1,0 +1,23 @@
+"""`load_vnnlib`: a VNN-LIB file of either version, read once and given to its reader: 2.0
+(`verify.io.vnnlib2`) when it has a ``(vnnlib-version`` or ``(declare-network`` form, else 1.0
+(`verify.io.vnnlib`). Both readers are below this module; neither imports the other."""
+
+from __future__ import annotations
+
+import os
+
+from verify.io.vnnlib import parse_vnnlib
+from verify.io.vnnlib2 import parse_vnnlib2
+from verify.io.vnnlib_common import is_vnnlib2, read_text
+from verify.property import VnnlibProperty
+
+
+def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
+    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``)."""
+    name, text = read_text(path)
+    if is_vnnlib2(text):
+        return parse_vnnlib2(text, path=name)
+    return parse_vnnlib(text, path=name)
+
+
+__all__ = ["load_vnnlib"]
