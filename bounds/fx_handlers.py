@@ -197,9 +197,9 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
             raise unsupported("Conv2d", node, f"padding_mode={mod.padding_mode!r}")
         return _conv(b, node, x, mod.weight, mod.bias, mod.stride, mod.padding, mod.dilation,
                      mod.groups)  # fmt: skip
-    spec = activations.module_spec(mod)
-    if spec is not None:
-        return activations.activation(b, node, spec, x, mod)
+    act = activations.module_activation(b, node, mod, x)
+    if act is not None:
+        return act
     if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
         return _batch_norm(b, node, x, mod)
     if isinstance(mod, nn.MaxPool2d):
@@ -230,7 +230,6 @@ _RESHAPES = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze}
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
 
 _FUNCTIONS: dict[Any, Callable[..., Act]] = {
-    **{fn: activations.function_handler(spec) for fn, spec in activations.FUNCTIONS.items()},
     operator.add: _arith("add"),
     torch.add: _arith("add"),
     operator.sub: _arith("sub"),
@@ -274,7 +273,6 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
 }
 
 _METHODS: dict[str, Callable[..., Act]] = {
-    **{name: activations.function_handler(spec) for name, spec in activations.METHODS.items()},
     "add": _arith("add"),
     "sub": _arith("sub"),
     "mul": _arith("mul"),
@@ -322,7 +320,7 @@ def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dic
         if node.target in _RESHAPE_METHODS and isinstance(args[0], Act):
             out = getattr(args[0].value, node.target)(*args[1:], **kwargs)
             return reshape_result(b, node.name, args[0], out)
-        handler = _METHODS.get(node.target)
+        handler = _METHODS.get(node.target) or activations.function_handler(node.target)
     else:
         if not has_act:
             return node.target(*args, **kwargs)
@@ -335,7 +333,7 @@ def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dic
         if node.target in _RESHAPES:
             out = node.target(args[0].value, *args[1:], **kwargs)
             return reshape_result(b, node.name, args[0], out)
-        handler = _FUNCTIONS.get(node.target)
+        handler = _FUNCTIONS.get(node.target) or activations.function_handler(node.target)
     if handler is None:
         raise unsupported(_describe(node), node.name)
     return handler(b, node.name, *args, **kwargs)
