@@ -44,9 +44,14 @@ def spelled(
     b: Builder, node: str, found: tuple[str, Spelling], x: Any, *args: Any, **kwargs: Any
 ) -> Act:
     """The ActivationOp of a registered spelling `found` (relaxation name, spelling) on `x`,
-    its options read from the call's other arguments."""
+    its options read from the call's other arguments (and `x`'s shape, if it asks)."""
     name, spelling = found
-    return _activation(b, node, name, x, lambda: spelling.read(*args, **kwargs))
+
+    def options() -> dict[str, Any]:
+        shape = {"shape": x.shape} if spelling.shaped else {}
+        return spelling.read(*args, **kwargs, **shape)
+
+    return _activation(b, node, name, x, options)
 
 
 def function_handler(target: Any) -> Callable[..., Act] | None:

@@ -206,8 +206,6 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
         return products.max_pool_module(b, node, x, mod)
     if isinstance(mod, nn.Softmax):
         return products.softmax_module(b, node, x, mod)
-    if isinstance(mod, nn.PReLU):
-        return products.prelu_module(b, node, x, mod)
     if isinstance(mod, nn.AvgPool2d):
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
@@ -248,7 +246,6 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     F.max_pool2d: products.max_pool2d,
     torch.maximum: products.binary("maximum"),
     F.softmax: products.softmax,
-    F.prelu: products.prelu,
     torch.softmax: products.softmax,
     torch.minimum: products.binary("minimum"),
     F.dropout: _dropout,

@@ -227,20 +227,3 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:
     return softmax(b, node, x, module.dim)
-
-
-def prelu(b: Builder, node: str, x: Any, weight: Any) -> Act:
-    """PReLU with a constant slope per channel (axis 1 of `[batch, C, ...]`) or one slope: the
-    leaky-ReLU relaxation with a `[C, 1, ..., 1]` (or scalar) negative slope."""
-    if not isinstance(x, Act):
-        raise unsupported("prelu", node, "its input must depend on the network input")
-    slope = b.const(weight, node).detach().reshape(-1)
-    if slope.numel() > 1:
-        if not x.shape or x.shape[0] != slope.numel():
-            raise unsupported("prelu", node, f"{slope.numel()} slopes for input {x.shape}")
-        slope = slope.reshape(-1, *([1] * (len(x.shape) - 1)))
-    return activation(b, node, "leaky_relu", x, {"negative_slope": slope})
-
-
-def prelu_module(b: Builder, node: str, x: Act, module: torch.nn.PReLU) -> Act:
-    return prelu(b, node, x, module.weight)

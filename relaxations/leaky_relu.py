@@ -85,6 +85,23 @@ def _leaky_module(module: nn.LeakyReLU) -> dict[str, Any]:
     return {"negative_slope": module.negative_slope}
 
 
+def _prelu(weight: Any, *, shape: tuple[int, ...]) -> dict[str, Any]:
+    """F.prelu with a constant slope per channel (axis 1 of `[batch, C, ...]`, the first of the
+    per-sample `shape`) or one slope: a `[C, 1, ..., 1]` (or scalar) negative slope."""
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"the slope must be a constant tensor, got {type(weight).__name__}")
+    slope = weight.detach().clone().reshape(-1)
+    if slope.numel() > 1:
+        if not shape or shape[0] != slope.numel():
+            raise ValueError(f"{slope.numel()} slopes for input {shape}")
+        slope = slope.reshape(-1, *([1] * (len(shape) - 1)))
+    return {"negative_slope": slope}
+
+
+def _prelu_module(module: nn.PReLU, *, shape: tuple[int, ...]) -> dict[str, Any]:
+    return _prelu(module.weight, shape=shape)
+
+
 def _onnx_leaky(node: OnnxNode) -> TorchCall:
     """LeakyRelu(alpha): F.leaky_relu."""
     return TorchCall(F.leaky_relu, (float(node.attributes.get("alpha", 0.01)),))
@@ -92,8 +109,7 @@ def _onnx_leaky(node: OnnxNode) -> TorchCall:
 
 def _onnx_prelu(node: OnnxNode) -> TorchCall:
     """PRelu with one constant slope, or one per channel (a slope of shape `[C, 1, ..., 1]` or
-    `[C]` for a rank-2 input, broadcast over axis 1): F.leaky_relu or F.prelu (which
-    `bounds.fx_nonlinear` maps back here)."""
+    `[C]` for a rank-2 input, broadcast over axis 1): F.leaky_relu or F.prelu."""
     slope = node.constants[0] if node.constants else None
     if slope is None or slope.numel() == 0:
         raise ValueError("the slope must be a constant")
@@ -112,7 +128,12 @@ def _onnx_prelu(node: OnnxNode) -> TorchCall:
 
 @register(
     "leaky_relu",
-    torch=(Spelling(F.leaky_relu, _leaky), Spelling(nn.LeakyReLU, _leaky_module)),
+    torch=(
+        Spelling(F.leaky_relu, _leaky),
+        Spelling(nn.LeakyReLU, _leaky_module),
+        Spelling(F.prelu, _prelu, shaped=True),
+        Spelling(nn.PReLU, _prelu_module, shaped=True),
+    ),
     onnx=(OnnxOp("LeakyRelu", _onnx_leaky), OnnxOp("PRelu", _onnx_prelu)),
 )
 class LeakyReluRelaxation(Relaxation):

@@ -47,10 +47,12 @@ class Spelling:
     """One torch spelling: `target` is a torch function, an `nn.Module` class (matched by exact
     type) or a tensor method's name; `options(*args, **kwargs)` turns the call's arguments after
     the activation (for a module: the module itself) into the relaxation's options, raising
-    ValueError for constants it cannot bound (None: no options)."""
+    ValueError for constants it cannot bound (None: no options). With `shaped`, `options` also
+    receives the activation's per-sample shape as the keyword `shape`."""
 
     target: Any
     options: Options | None = None
+    shaped: bool = False
 
     @property
     def kind(self) -> str:
@@ -100,8 +102,8 @@ OnnxReader = Callable[[OnnxNode], TorchCall | None]
 @dataclass(frozen=True)
 class OnnxOp:
     """ONNX op `op_type`; `read(node)` gives the torch call it becomes (None: the input itself),
-    raising ValueError where unsupported, `InvalidNodeError` where malformed. None: the relaxation's
-    first torch function or module class on the input alone."""
+    raising ValueError where unsupported, `InvalidNodeError` where malformed. Without `read`:
+    the relaxation's first torch function or module class, on the input alone."""
 
     op_type: str
     read: OnnxReader | None = None
@@ -157,15 +159,21 @@ def _entry(name: str, cls: type, torch: Iterable[Any], onnx: Iterable[Any]) -> E
     return entry
 
 
-def register(name: str, *, torch: Iterable[Any] = (), onnx: Iterable[Any] = ()) -> Callable:
+def register(
+    name: str, *, torch: Iterable[Any] = (), onnx: Iterable[Any] = ()
+) -> Callable[[type], type]:
     """Class decorator: register a relaxation class under `name`, with its torch spellings
     (`Spelling`s or bare targets) and ONNX ops (`OnnxOp`s or bare op names); see the module
     docstring. `get_relaxation(name, **options)` instantiates it (options are the function's
     constants: a leaky slope, clip limits, an exponent). Registering a name again replaces it;
-    a spelling another relaxation has raises ValueError."""
+    a spelling another relaxation has raises ValueError. A class without a `name` takes
+    `name`; one not derived from `Relaxation` / `MultiRelaxation` gets their defaults (the
+    registered class is then a subclass of it and of the base)."""
 
     def wrap(cls: type) -> type:
         cls = _with_traits(cls)
+        if not cls.name:  # the default of `Traits`
+            cls.name = name
         entry = _entry(name, cls, torch, onnx)
         unregister(name)
         _REGISTRY[name] = entry

@@ -64,7 +64,6 @@ ALLOWED_FUNCTIONS = {
     # Nonlinear (verify/io/onnx_nonlinear.py; bounds/fx_activations.py, fx_nonlinear.py).
     torch.maximum,
     torch.minimum,
-    torch.nn.functional.prelu,
     torch.nn.functional.softmax,
     torch.nn.functional.max_pool2d,
     *(target for target in ACTIVATIONS if callable(target) and not isinstance(target, type)),
