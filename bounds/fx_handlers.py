@@ -197,17 +197,15 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
             raise unsupported("Conv2d", node, f"padding_mode={mod.padding_mode!r}")
         return _conv(b, node, x, mod.weight, mod.bias, mod.stride, mod.padding, mod.dilation,
                      mod.groups)  # fmt: skip
-    spec = activations.module_spec(mod)
-    if spec is not None:
-        return activations.activation(b, node, spec, x, mod)
+    act = activations.module_activation(b, node, mod, x)
+    if act is not None:
+        return act
     if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
         return _batch_norm(b, node, x, mod)
     if isinstance(mod, nn.MaxPool2d):
         return products.max_pool_module(b, node, x, mod)
     if isinstance(mod, nn.Softmax):
         return products.softmax_module(b, node, x, mod)
-    if isinstance(mod, nn.PReLU):
-        return products.prelu_module(b, node, x, mod)
     if isinstance(mod, nn.AvgPool2d):
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
@@ -230,7 +228,6 @@ _RESHAPES = {torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze}
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
 
 _FUNCTIONS: dict[Any, Callable[..., Act]] = {
-    **{fn: activations.function_handler(spec) for fn, spec in activations.FUNCTIONS.items()},
     operator.add: _arith("add"),
     torch.add: _arith("add"),
     operator.sub: _arith("sub"),
@@ -249,7 +246,6 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     F.max_pool2d: products.max_pool2d,
     torch.maximum: products.binary("maximum"),
     F.softmax: products.softmax,
-    F.prelu: products.prelu,
     torch.softmax: products.softmax,
     torch.minimum: products.binary("minimum"),
     F.dropout: _dropout,
@@ -274,7 +270,6 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
 }
 
 _METHODS: dict[str, Callable[..., Act]] = {
-    **{name: activations.function_handler(spec) for name, spec in activations.METHODS.items()},
     "add": _arith("add"),
     "sub": _arith("sub"),
     "mul": _arith("mul"),
@@ -322,7 +317,7 @@ def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dic
         if node.target in _RESHAPE_METHODS and isinstance(args[0], Act):
             out = getattr(args[0].value, node.target)(*args[1:], **kwargs)
             return reshape_result(b, node.name, args[0], out)
-        handler = _METHODS.get(node.target)
+        handler = _METHODS.get(node.target) or activations.function_handler(node.target)
     else:
         if not has_act:
             return node.target(*args, **kwargs)
@@ -335,7 +330,7 @@ def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dic
         if node.target in _RESHAPES:
             out = node.target(args[0].value, *args[1:], **kwargs)
             return reshape_result(b, node.name, args[0], out)
-        handler = _FUNCTIONS.get(node.target)
+        handler = _FUNCTIONS.get(node.target) or activations.function_handler(node.target)
     if handler is None:
         raise unsupported(_describe(node), node.name)
     return handler(b, node.name, *args, **kwargs)

@@ -21,6 +21,7 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ def common_shape(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[
 def product(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
     """`lhs * rhs` of two activations."""
     if lhs.name == rhs.name:
-        return activation(b, node, ("pow", lambda: {"exponent": 2}), lhs)
+        return activation(b, node, "pow", lhs, {"exponent": 2})
     lhs, rhs = common_shape(b, node, "mul", lhs, rhs)
     try:
         relaxation = get_relaxation("product")
@@ -59,13 +60,13 @@ def product(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
 
 def quotient(b: Builder, node: str, lhs: Act, rhs: Act) -> Act:
     """`lhs / rhs` of two activations: `lhs * reciprocal(rhs)`."""
-    inverse = activation(b, f"{node}_reciprocal", ("reciprocal", lambda: {}), rhs)
+    inverse = activation(b, f"{node}_reciprocal", "reciprocal", rhs)
     return product(b, node, lhs, inverse)
 
 
 def constant_over(b: Builder, node: str, numerator: Any, x: Act) -> Act:
     """`c / x` for a constant `c`: `c * reciprocal(x)`."""
-    inverse = activation(b, f"{node}_reciprocal", ("reciprocal", lambda: {}), x)
+    inverse = activation(b, f"{node}_reciprocal", "reciprocal", x)
     return affine_const(b, node, inverse, numerator, None)
 
 
@@ -91,7 +92,7 @@ def maximum(b: Builder, node: str, lhs: Act, rhs: Act, minimum: bool = False) ->
     """`max(lhs, rhs) = rhs + relu(lhs - rhs)` (`minimum`: `lhs - relu(lhs - rhs)`)."""
     lhs, rhs = common_shape(b, node, "min" if minimum else "max", lhs, rhs)
     diff = b.add(f"{node}_diff", SumOp(lhs.shape, (1.0, -1.0)), [lhs, rhs])
-    hinge = activation(b, f"{node}_relu", ("relu", lambda: {}), diff)
+    hinge = activation(b, f"{node}_relu", "relu", diff)
     if minimum:
         return b.add(node, SumOp(lhs.shape, (1.0, -1.0)), [lhs, hinge])
     return b.add(node, SumOp(lhs.shape, (1.0, 1.0)), [rhs, hinge])
@@ -170,7 +171,7 @@ def max_pool_module(b: Builder, node: str, x: Act, module: torch.nn.MaxPool2d) -
                       module.dilation, module.ceil_mode, module.return_indices)  # fmt: skip
 
 
-def binary(kind: str):
+def binary(kind: str) -> Callable[..., Act]:
     """fx handler for `torch.maximum` / `torch.minimum` of two activations."""
 
     def handler(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
@@ -188,7 +189,7 @@ def _with_constant(b: Builder, node: str, x: Act, c: Tensor, minimum: bool) -> A
     """`max(x, c) = c + relu(x - c)`, `min(x, c) = c - relu(c - x)` (c broadcast)."""
     sign = -1.0 if minimum else 1.0
     shifted = affine_const(b, f"{node}_shift", x, sign, -sign * c)  # sign (x - c)
-    hinge = activation(b, f"{node}_relu", ("relu", lambda: {}), shifted)
+    hinge = activation(b, f"{node}_relu", "relu", shifted)
     return affine_const(b, node, hinge, sign, c)
 
 
@@ -212,11 +213,8 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
         pair = [x, rolled] if n == 2 else [rolled, x]  # n = 2: x_i - x_{i+1}, for sigmoid
         diffs.append(b.add(f"{node}_diff{k}", SumOp(x.shape, (1.0, -1.0)), pair))
     if n == 2:
-        return activation(b, node, ("sigmoid", lambda: {}), diffs[0])
-    clipped = [
-        activation(b, f"{node}_exp{k + 1}", ("clipped_exp", lambda: {}), d)
-        for k, d in enumerate(diffs)
-    ]
+        return activation(b, node, "sigmoid", diffs[0])
+    clipped = [activation(b, f"{node}_exp{k + 1}", "clipped_exp", d) for k, d in enumerate(diffs)]
     total = clipped[0]
     for k, term in enumerate(clipped[1:]):
         total = b.add(f"{node}_sum{k + 2}", SumOp(x.shape, (1.0, 1.0)), [total, term])
@@ -229,20 +227,3 @@ def softmax(b: Builder, node: str, x: Any, dim: Any = None, *args: Any, **kwargs
 
 def softmax_module(b: Builder, node: str, x: Act, module: torch.nn.Softmax) -> Act:
     return softmax(b, node, x, module.dim)
-
-
-def prelu(b: Builder, node: str, x: Any, weight: Any) -> Act:
-    """PReLU with a constant slope per channel (axis 1 of `[batch, C, ...]`) or one slope: the
-    leaky-ReLU relaxation with a `[C, 1, ..., 1]` (or scalar) negative slope."""
-    if not isinstance(x, Act):
-        raise unsupported("prelu", node, "its input must depend on the network input")
-    slope = b.const(weight, node).detach().reshape(-1)
-    if slope.numel() > 1:
-        if not x.shape or x.shape[0] != slope.numel():
-            raise unsupported("prelu", node, f"{slope.numel()} slopes for input {x.shape}")
-        slope = slope.reshape(-1, *([1] * (len(x.shape) - 1)))
-    return activation(b, node, ("leaky_relu", lambda: {"negative_slope": slope}), x)
-
-
-def prelu_module(b: Builder, node: str, x: Act, module: torch.nn.PReLU) -> Act:
-    return prelu(b, node, x, module.weight)

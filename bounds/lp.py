@@ -45,7 +45,7 @@ from bounds.graph import Graph
 from bounds.methods.crown import output_functional
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval
-from relaxations import get_relaxation
+from relaxations.base import RELU_PIECES  # None: no big-M (tests compare the two encodings)
 
 SAFETY = 1e-6
 
@@ -200,9 +200,6 @@ def _exact_constraints(cp, sp, node, var, pre_var, lower: Tensor, upper: Tensor)
     return rows
 
 
-RELU_PIECES = get_relaxation("relu").pieces
-
-
 def _big_m_constraints(cp, node, var, pre_var, lower: Tensor, upper: Tensor):
     """The exact encoding of ReLU's two pieces with one binary per ambiguous neuron (big-M,
     Tjeng et al. 2019): smaller and faster to build than the disjunctive one, same optimum.
@@ -230,7 +227,7 @@ def _build(graph: Graph, box: Interval, intervals: dict[str, Interval], b: int, 
         elif isinstance(node.op, ActivationOp):
             bounds = [(intervals[i].lower[b].detach(), intervals[i].upper[b].detach())
                       for i in node.inputs]  # fmt: skip
-            if integer and len(bounds) == 1 and node.op.relaxation.pieces == RELU_PIECES:
+            if integer and len(bounds) == 1 and RELU_PIECES and node.op.relaxation.big_m:
                 constraints += _big_m_constraints(cp, node, var, inputs[0], *bounds[0])
             elif integer and len(bounds) == 1:
                 constraints += _exact_constraints(cp, sp, node, var, inputs[0], *bounds[0])

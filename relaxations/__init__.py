@@ -1,8 +1,12 @@
 """Convex relaxations of elementwise nonlinearities (one file each), on plain tensors.
 
-Importing the package registers every relaxation (`get_relaxation(name, **options)`)."""
+Importing the package imports every module in it (found by `pkgutil.iter_modules`), so each
+relaxation registers itself, with its torch and ONNX spellings (`relaxations.registry`);
+`get_relaxation(name, **options)` instantiates one."""
 
-from relaxations.abs import AbsRelaxation
+import importlib
+import pkgutil
+
 from relaxations.base import (
     LinearBounds,
     LinearConstraints,
@@ -10,49 +14,26 @@ from relaxations.base import (
     MultiLinearConstraints,
     MultiRelaxation,
     Relaxation,
+)
+from relaxations.registry import (
+    available_relaxations,
     get_relaxation,
     register,
+    unregister,
 )
-from relaxations.exp import ClippedExpRelaxation, ExpRelaxation
-from relaxations.floor import FloorRelaxation
-from relaxations.hardtanh import HardtanhRelaxation
-from relaxations.leaky_relu import LeakyReluRelaxation
-from relaxations.power import PowerRelaxation, SquareRelaxation
-from relaxations.product import ProductRelaxation
-from relaxations.reciprocal import ReciprocalRelaxation
-from relaxations.relu import ReluRelaxation, neuron_status
-from relaxations.sigmoid import SigmoidRelaxation
-from relaxations.sign import HeavisideRelaxation, SignRelaxation
-from relaxations.softmax import SoftmaxRelaxation
-from relaxations.tanh import TanhRelaxation
-from relaxations.trig import CosRelaxation, SinRelaxation
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "AbsRelaxation",
-    "ClippedExpRelaxation",
-    "CosRelaxation",
-    "ExpRelaxation",
-    "FloorRelaxation",
-    "HardtanhRelaxation",
-    "HeavisideRelaxation",
-    "LeakyReluRelaxation",
     "LinearBounds",
     "LinearConstraints",
     "MultiLinearBounds",
     "MultiLinearConstraints",
     "MultiRelaxation",
-    "PowerRelaxation",
-    "ProductRelaxation",
-    "ReciprocalRelaxation",
     "Relaxation",
-    "ReluRelaxation",
-    "SigmoidRelaxation",
-    "SignRelaxation",
-    "SinRelaxation",
-    "SoftmaxRelaxation",
-    "SquareRelaxation",
-    "TanhRelaxation",
+    "available_relaxations",
     "get_relaxation",
-    "neuron_status",
     "register",
+    "unregister",
 ]

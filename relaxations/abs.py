@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import Piece, register
+from relaxations.base import Piece
 from relaxations.leaky_relu import LeakyReluRelaxation
+from relaxations.registry import register
 
 
-@register("abs")
+@register("abs", torch=(torch.abs, "abs"), onnx=("Abs",))
 class AbsRelaxation(LeakyReluRelaxation):
     """`abs` as LeakyReLU with slope -1 (no options); see the module docstring."""
 

@@ -20,17 +20,22 @@ It supplies
   a relaxation may write a faster closed form;
 - `pieces`: the function as linear pieces on fixed intervals, for the exact MILP (None when
   it is not piecewise linear);
-- traits: `convex`, `monotone`, `split_at_zero` (exact on each side of `xh = 0`: ReLU splitting
-  applies), `fused` (the name of a fused kernel family computing its oracle, or None) and,
-  optionally, `anderson` (True: after an affine layer, the Anderson et al. convex hull of
-  `bounds.dual.anderson` applies; absent means False).
-This package imports nothing of ours, so `bounds` can build on it.
+- traits, each with its default on the base classes (a relaxation declares those that differ):
+  `convex`, `monotone` (False), `split_at_zero` (False; exact on each side of `xh = 0`: ReLU
+  splitting applies), `planet` (False; its relaxed set is ReLU's Planet triangle, whose oracle
+  the fused kernels of `kernels.prox_relu_block` compute), `anderson` (False; True: after an
+  affine layer, the Anderson et al. convex hull of `bounds.dual.anderson` applies), `big_m`
+  (its pieces are ReLU's, `RELU_PIECES`: the MILP encodes it with one binary per neuron),
+  `output_range` (None, or the function's exact range: intervals widened for rounding are
+  clipped to it) and `rounding_ulps` (None: `bounds.rounding.DEFAULT_ULPS`; how far its
+  interval formulas may be from the exact values).
+Relaxations register themselves with `relaxations.registry.register` (with their torch and
+ONNX spellings). This package imports nothing of ours, so `bounds` can build on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -92,47 +97,6 @@ class Piece:
     intercept: float
 
 
-class MultiRelaxation(Protocol):
-    """Convex relaxation of an elementwise function of `n_inputs` tensors of one shape (a
-    product of two variables). The same protocol as `Relaxation`, with `lower`/`upper` tuples
-    (one per input): `linear_bounds` gives `MultiLinearBounds`, `argmin(coeffs_pre, coeff_post,
-    lowers, uppers)` gives `(tuple of inputs, output)`, `constraints` a `MultiLinearConstraints`.
-    `needs_refinement(lower, upper)` takes one input's interval: the neurons of that input
-    whose bounds matter (its interval is computed before the other inputs' are known)."""
-
-    name: str
-    n_inputs: int
-    param_shape: tuple[int, ...]
-    split_at_zero: bool
-    fused: str | None
-    pieces: None
-
-    def forward(self, *inputs: Tensor) -> Tensor: ...
-
-    def interval(
-        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
-    ) -> tuple[Tensor, Tensor]: ...
-
-    def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor: ...
-
-    def project(self, params: Tensor) -> Tensor: ...
-
-    def linear_bounds(
-        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], params: Tensor | None = None
-    ) -> MultiLinearBounds: ...
-
-    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor: ...
-
-    def argmin(
-        self, coeffs_pre: tuple[Tensor, ...], coeff_post: Tensor,
-        lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...],
-    ) -> tuple[tuple[Tensor, ...], Tensor]: ...  # fmt: skip
-
-    def constraints(
-        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
-    ) -> MultiLinearConstraints: ...
-
-
 @dataclass(frozen=True)
 class MultiLinearConstraints:
     """`z >= sum_i lower_slopes[i][k] * x_i + lower_intercepts[k]` and `z <= sum_i
@@ -145,64 +109,108 @@ class MultiLinearConstraints:
     upper_intercepts: Tensor
 
 
-class Relaxation(Protocol):
-    """Convex relaxation of an elementwise function (see module docstring)."""
+RELU_PIECES = (Piece(-torch.inf, 0.0, 0.0, 0.0), Piece(0.0, torch.inf, 1.0, 0.0))
 
-    name: str
-    convex: bool
-    monotone: bool
-    split_at_zero: bool
-    fused: str | None
-    param_shape: tuple[int, ...]
-    pieces: tuple[Piece, ...] | None
 
-    def forward(self, xh: Tensor) -> Tensor: ...
+class Traits:
+    """The traits generic code asks a relaxation for (see the module docstring), with their
+    defaults: a relaxation sets only those that differ."""
 
-    def interval(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]: ...
+    name: str = ""
+    convex: bool = False
+    monotone: bool = False
+    split_at_zero: bool = False
+    planet: bool = False  # the Planet triangle: kernels.prox_relu_block's fused oracle
+    anderson: bool = False  # after an affine layer: the hull of bounds.dual.anderson
+    param_shape: tuple[int, ...] = ()
+    pieces: tuple[Piece, ...] | None = None
+    output_range: tuple[float, float] | None = None
+    rounding_ulps: int | None = None  # None: bounds.rounding.DEFAULT_ULPS
 
-    def default_params(self, lower: Tensor, upper: Tensor) -> Tensor: ...
+    @property
+    def big_m(self) -> bool:
+        """Its pieces are ReLU's (`RELU_PIECES`), so the exact MILP may encode it with one
+        binary per ambiguous neuron (big-M, Tjeng et al. 2019)."""
+        return self.pieces == RELU_PIECES
 
-    def project(self, params: Tensor) -> Tensor: ...
+
+class Relaxation(Traits):
+    """Convex relaxation of an elementwise function (see module docstring). Subclasses set
+    `name` and the traits that differ from `Traits`' defaults, and implement the methods;
+    `argmin` defaults to the generic polygon oracle (`polygon_argmin` over `constraints`)."""
+
+    def forward(self, xh: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def interval(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def default_params(self, lower: Tensor, upper: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def project(self, params: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def linear_bounds(
         self, lower: Tensor, upper: Tensor, params: Tensor | None = None
-    ) -> LinearBounds: ...
+    ) -> LinearBounds:
+        raise NotImplementedError
 
-    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor: ...
+    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def argmin(
         self, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
-    ) -> tuple[Tensor, Tensor]: ...
+    ) -> tuple[Tensor, Tensor]:
+        """Minimiser over the polygon `constraints` (a vertex; `polygon_argmin`)."""
+        return polygon_argmin(self.constraints(lower, upper), coeff_pre, coeff_post, lower, upper)
 
-    def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints: ...
-
-
-_REGISTRY: dict[str, type] = {}
-
-
-def register(name: str):
-    """Class decorator: register a relaxation class under `name`; `get_relaxation(name,
-    **options)` instantiates it (options are the function's constants: a leaky slope, clip
-    limits, an exponent)."""
-
-    def wrap(cls):
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+    def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints:
+        raise NotImplementedError
 
 
-def get_relaxation(name: str, **options) -> Relaxation:
-    """The relaxation called `name` for the given constants (KeyError with the known names for
-    an unknown one; ValueError for options it does not take or rejects)."""
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"no relaxation {name!r}; known: {sorted(_REGISTRY)}") from None
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"relaxation {name!r} does not take options {sorted(options)}") from exc
+class MultiRelaxation(Traits):
+    """Convex relaxation of an elementwise function of `n_inputs` tensors of one shape (a
+    product of two variables). The same protocol as `Relaxation`, with `lower`/`upper` tuples
+    (one per input): `linear_bounds` gives `MultiLinearBounds`, `argmin(coeffs_pre, coeff_post,
+    lowers, uppers)` gives `(tuple of inputs, output)`, `constraints` a `MultiLinearConstraints`.
+    `needs_refinement(lower, upper)` takes one input's interval: the neurons of that input
+    whose bounds matter (its interval is computed before the other inputs' are known)."""
+
+    n_inputs: int = 2
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def interval(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor:
+        raise NotImplementedError
+
+    def project(self, params: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def linear_bounds(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], params: Tensor | None = None
+    ) -> MultiLinearBounds:
+        raise NotImplementedError
+
+    def needs_refinement(self, lower: Tensor, upper: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def argmin(
+        self, coeffs_pre: tuple[Tensor, ...], coeff_post: Tensor,
+        lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...],
+    ) -> tuple[tuple[Tensor, ...], Tensor]:  # fmt: skip
+        raise NotImplementedError
+
+    def constraints(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> MultiLinearConstraints:
+        raise NotImplementedError
 
 
 def _crossings(slopes: Tensor, intercepts: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -27,12 +27,12 @@ import math
 import torch
 from torch import Tensor
 
-from relaxations.base import register
+from relaxations.registry import register
 from relaxations.s_shaped import MonotoneSRelaxation, SBox, SCurve, SCurveRelaxation
 from relaxations.smooth import require_finite_box
 
 
-@register("exp")
+@register("exp", torch=(torch.exp, "exp"), onnx=("Exp",))
 class ExpRelaxation(SCurveRelaxation):
     """exp; see the module docstring."""
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, polygon_argmin, register
+from relaxations.base import LinearBounds, LinearConstraints, Relaxation, polygon_argmin
 from relaxations.piecewise import (
     along,
     capped_ratio,
@@ -33,17 +33,17 @@ from relaxations.piecewise import (
     stacked_constraints,
     unit_clamp,
 )
+from relaxations.registry import register
 
 
-@register("floor")
-class FloorRelaxation:
+@register("floor", torch=(torch.floor, "floor"), onnx=("Floor",))
+class FloorRelaxation(Relaxation):
     """`floor` (no options); see the module docstring. `pieces` is None (infinitely many)."""
 
     name = "floor"
     convex = False
     monotone = True
     split_at_zero = False
-    fused = None
     param_shape = (2,)  # (t of the lower line, t' of the upper line)
     pieces = None
 

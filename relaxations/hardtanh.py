@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from relaxations.base import Piece, register
+from relaxations.base import Piece
 from relaxations.piecewise import (
     SideLines,
     along,
@@ -36,9 +38,10 @@ from relaxations.piecewise import (
     ratio,
     vertex_argmin,
 )
+from relaxations.registry import InvalidNodeError, OnnxNode, OnnxOp, Spelling, TorchCall, register
 
 
-def checked_limit(value, what: str) -> float:
+def checked_limit(value: Any, what: str) -> float:
     """A limit as a float (infinite allowed, NaN and non-numbers refused: ValueError)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         value = value.item()
@@ -50,7 +53,55 @@ def checked_limit(value, what: str) -> float:
     return value
 
 
-@register("hardtanh")
+def _hardtanh(min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> dict:
+    return {"min": float(min_val), "max": float(max_val)}
+
+
+def _relu6(inplace: bool = False) -> dict[str, Any]:
+    """relu6: clamp to [0, 6]."""
+    return {"min": 0.0, "max": 6.0}
+
+
+def _relu6_module(module: nn.ReLU6) -> dict[str, Any]:
+    return {"min": 0.0, "max": 6.0}
+
+
+def _clamp(min: Any = None, max: Any = None) -> dict[str, Any]:
+    """Constant limits only (a missing one is infinite)."""
+    for value in (min, max):
+        if value is not None and not isinstance(value, (int, float)):
+            raise ValueError("clamp limits must be constants (numbers)")
+    low = -float("inf") if min is None else float(min)
+    return {"min": low, "max": float("inf") if max is None else float(max)}
+
+
+def _hardtanh_module(module: nn.Hardtanh) -> dict[str, Any]:
+    return {"min": float(module.min_val), "max": float(module.max_val)}
+
+
+def _onnx_clip(node: OnnxNode) -> TorchCall:
+    """Clip with constant limits (inputs 1, 2 from opset 11; attributes before): torch.clamp."""
+    limits = []
+    for i, key in ((1, "min"), (2, "max")):
+        value = node.constants[i - 1] if i <= len(node.constants) else node.attributes.get(key)
+        if value is not None and torch.as_tensor(value).numel() != 1:
+            raise ValueError(f"{key} must be a scalar constant")
+        limits.append(None if value is None else float(torch.as_tensor(value).reshape(-1)[0]))
+    if limits[0] is not None and limits[1] is not None and limits[0] > limits[1]:
+        raise InvalidNodeError(f"min {limits[0]} > max {limits[1]}")
+    return TorchCall(torch.clamp, tuple(limits))
+
+
+_SPELLINGS = (
+    Spelling(F.hardtanh, _hardtanh),
+    Spelling(F.relu6, _relu6),
+    *(Spelling(target, _clamp) for target in (torch.clamp, torch.clip, "clamp", "clip")),
+    Spelling(nn.Hardtanh, _hardtanh_module),
+    Spelling(nn.ReLU6, _relu6_module),
+)
+
+
+@register("hardtanh", torch=_SPELLINGS, onnx=(OnnxOp("Clip", _onnx_clip),))
 class HardtanhRelaxation(SideLines):
     """`clamp(xh, min, max)` (torch's hardtanh, relu6, clamp and clip; ONNX Clip); see the module
     docstring. `min <= max`, `min < inf`, `max > -inf` (ValueError otherwise)."""
@@ -58,7 +109,6 @@ class HardtanhRelaxation(SideLines):
     name = "hardtanh"
     monotone = True
     split_at_zero = False
-    fused = None
     param_shape = (2,)  # (t of the lower line, t' of the upper line)
 
     def __init__(self, min: float = -1.0, max: float = 1.0) -> None:

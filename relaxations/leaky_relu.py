@@ -18,12 +18,15 @@ between `n` and 1).
 
 from __future__ import annotations
 
+import math
 import numbers
+from typing import Any
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from relaxations.base import LinearBounds, LinearConstraints, Piece, register
+from relaxations.base import LinearBounds, LinearConstraints, Piece, Relaxation
 from relaxations.piecewise import (
     along,
     check_level,
@@ -32,11 +35,12 @@ from relaxations.piecewise import (
     unit_clamp,
     vertex_argmin,
 )
+from relaxations.registry import OnnxNode, OnnxOp, Spelling, TorchCall, register
 
 Slope = float | Tensor
 
 
-def checked_slope(negative_slope) -> Slope:
+def checked_slope(negative_slope: Any) -> Slope:
     """The slope as a float (numbers and one-element tensors) or a float tensor (a detached
     copy); ValueError for anything else, or for NaN / infinite entries."""
     if isinstance(negative_slope, torch.Tensor):
@@ -72,14 +76,72 @@ def regimes(lower: Tensor, upper: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Te
     return passing, blocking, ~passing & ~blocking
 
 
-@register("leaky_relu")
-class LeakyReluRelaxation:
+def _leaky(negative_slope: float = 0.01, inplace: bool = False) -> dict[str, Any]:
+    """F.leaky_relu's slope."""
+    return {"negative_slope": float(negative_slope)}
+
+
+def _leaky_module(module: nn.LeakyReLU) -> dict[str, Any]:
+    return {"negative_slope": module.negative_slope}
+
+
+def _prelu(weight: Any, *, shape: tuple[int, ...]) -> dict[str, Any]:
+    """F.prelu with a constant slope per channel (axis 1 of `[batch, C, ...]`, the first of the
+    per-sample `shape`) or one slope: a `[C, 1, ..., 1]` (or scalar) negative slope."""
+    if not isinstance(weight, Tensor):
+        raise ValueError(f"the slope must be a constant tensor, got {type(weight).__name__}")
+    slope = weight.detach().clone().reshape(-1)
+    if slope.numel() > 1:
+        if not shape or shape[0] != slope.numel():
+            raise ValueError(f"{slope.numel()} slopes for input {shape}")
+        slope = slope.reshape(-1, *([1] * (len(shape) - 1)))
+    return {"negative_slope": slope}
+
+
+def _prelu_module(module: nn.PReLU, *, shape: tuple[int, ...]) -> dict[str, Any]:
+    return _prelu(module.weight, shape=shape)
+
+
+def _onnx_leaky(node: OnnxNode) -> TorchCall:
+    """LeakyRelu(alpha): F.leaky_relu."""
+    return TorchCall(F.leaky_relu, (float(node.attributes.get("alpha", 0.01)),))
+
+
+def _onnx_prelu(node: OnnxNode) -> TorchCall:
+    """PRelu with one constant slope, or one per channel (a slope of shape `[C, 1, ..., 1]` or
+    `[C]` for a rank-2 input, broadcast over axis 1): F.leaky_relu or F.prelu."""
+    slope = node.constants[0] if node.constants else None
+    if slope is None or slope.numel() == 0:
+        raise ValueError("the slope must be a constant")
+    flat, shape = slope.reshape(-1), tuple(slope.shape)
+    if bool((flat == flat[0]).all()):
+        return TorchCall(F.leaky_relu, (float(flat[0]),))
+    rank = len(node.shape)
+    channels = node.shape[1] if rank > 1 else 0
+    per_channel = shape[-(rank - 1) :] if rank > 1 else ()
+    if not node.batched or flat.numel() != channels or math.prod(per_channel) != channels:
+        raise ValueError(f"slope of shape {shape} (one per channel of axis 1)")
+    if len(per_channel) > 1 and any(d != 1 for d in per_channel[1:]):
+        raise ValueError(f"slope of shape {shape} (one per channel of axis 1)")
+    return TorchCall(F.prelu, (flat,))
+
+
+@register(
+    "leaky_relu",
+    torch=(
+        Spelling(F.leaky_relu, _leaky),
+        Spelling(nn.LeakyReLU, _leaky_module),
+        Spelling(F.prelu, _prelu, shaped=True),
+        Spelling(nn.PReLU, _prelu_module, shaped=True),
+    ),
+    onnx=(OnnxOp("LeakyRelu", _onnx_leaky), OnnxOp("PRelu", _onnx_prelu)),
+)
+class LeakyReluRelaxation(Relaxation):
     """LeakyReLU / PReLU with negative slope `negative_slope` (default torch's 0.01); see the
     module docstring. With a tensor slope `pieces` is None (pieces are constants)."""
 
     name = "leaky_relu"
     split_at_zero = True
-    fused = None
     param_shape = ()  # the fraction t of the tangent side's slope between n and 1
 
     def __init__(self, negative_slope: Slope = 0.01) -> None:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints
+from relaxations.base import LinearBounds, LinearConstraints, Relaxation
 
 # Units in the last place added outwards to the intercept of a line that is not exact. The
 # rounding errors are at most ~5 units (the intercept's two operations, the slope's division of
@@ -113,7 +114,7 @@ def stacked_constraints(
     )
 
 
-class SideLines:
+class SideLines(Relaxation):
     """The protocol methods of a relaxation with one line per side chosen by `t, t'` in
     [0, 1] (`params [..., 2]`) between two extreme support lines, from its
     `_lines(lower, upper, t_lower, t_upper) -> ((low_slope, low_intercept), (up_slope,
@@ -139,7 +140,7 @@ class SideLines:
         return stacked_constraints([low0, low1], [up0, up1])
 
 
-def check_level(value, what: str) -> float:
+def check_level(value: Any, what: str) -> float:
     """`value` as a finite float; ValueError naming `what` otherwise (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{what} must be a real number, got {value!r}")

@@ -19,16 +19,18 @@ with `inf`); an optimised tangent point whose line overflows takes the default l
 from __future__ import annotations
 
 import numbers
+import operator
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from relaxations.base import register
+from relaxations.registry import OnnxNode, OnnxOp, Spelling, TorchCall, register
 from relaxations.s_shaped import SBox, SCurve, SCurveRelaxation
 from relaxations.smooth import require_finite_box
 
 
-def integer_exponent(exponent) -> int:
+def integer_exponent(exponent: Any) -> int:
     """`exponent` as an int >= 2 (an integral float is accepted), else ValueError."""
     if isinstance(exponent, bool) or not isinstance(exponent, numbers.Real):
         raise ValueError(f"pow relaxation: exponent must be an integer >= 2, got {exponent!r}")
@@ -47,7 +49,37 @@ def integer_exponent(exponent) -> int:
     return n
 
 
-@register("pow")
+def _exponent(exponent: Any) -> dict[str, Any]:
+    """A constant integer exponent (the relaxation refuses the affine 0 and 1)."""
+    if isinstance(exponent, torch.Tensor) and exponent.numel() == 1:
+        exponent = exponent.item()
+    if not isinstance(exponent, (int, float)) or float(exponent) != int(exponent):
+        raise ValueError(f"the exponent must be a constant integer, got {exponent!r}")
+    return {"exponent": int(exponent)}
+
+
+def _square() -> dict[str, Any]:
+    return {"exponent": 2}
+
+
+def _onnx_pow(node: OnnxNode) -> TorchCall | None:
+    """Pow by a constant integer exponent: torch.pow (x^1 is x: None; x^0 would be 1: refused)."""
+    exponent = node.constants[0] if node.constants else None
+    if exponent is None or exponent.numel() != 1:
+        raise ValueError("the exponent must be a scalar constant")
+    value = float(exponent.reshape(-1)[0])
+    if value != int(value) or value < 1:
+        raise ValueError(f"exponent {value} (only integers >= 1)")
+    return None if value == 1 else TorchCall(torch.pow, (int(value),))
+
+
+_SPELLINGS = (
+    *(Spelling(target, _exponent) for target in (torch.pow, operator.pow, "pow")),
+    *(Spelling(target, _square) for target in (torch.square, "square")),
+)
+
+
+@register("pow", torch=_SPELLINGS, onnx=(OnnxOp("Pow", _onnx_pow),))
 class PowerRelaxation(SCurveRelaxation):
     """`x^n` for an integer `n >= 2`; see the module docstring."""
 
@@ -58,7 +90,7 @@ class PowerRelaxation(SCurveRelaxation):
     def label(self) -> str:
         return f"{self.name} (exponent {self.exponent})"
 
-    def __init__(self, exponent) -> None:
+    def __init__(self, exponent: Any) -> None:
         self.exponent = integer_exponent(exponent)
         even = self.exponent % 2 == 0
         self.convex = even

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import MultiLinearBounds, MultiLinearConstraints, register
+from relaxations.base import MultiLinearBounds, MultiLinearConstraints, MultiRelaxation
+from relaxations.registry import register
 
 
 def _planes(lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]):
@@ -33,7 +34,7 @@ def _mix(t: Tensor, first, second) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @register("product")
-class ProductRelaxation:
+class ProductRelaxation(MultiRelaxation):
     """McCormick envelopes of `x * y`; see the module docstring."""
 
     name = "product"
@@ -41,20 +42,21 @@ class ProductRelaxation:
     convex = False
     monotone = False
     split_at_zero = False
-    fused = None
     param_shape = (2,)  # (t of the lower side, t of the upper side)
     pieces = None
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         return x * y
 
-    def interval(self, lowers, uppers) -> tuple[Tensor, Tensor]:
+    def interval(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor]:
         """The exact range: the extreme corner products."""
         (lx, ly), (ux, uy) = lowers, uppers
         corners = torch.stack([lx * ly, lx * uy, ux * ly, ux * uy])
         return corners.amin(0), corners.amax(0)
 
-    def default_params(self, lowers, uppers) -> Tensor:
+    def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor:
         shape = torch.broadcast_shapes(*(t.shape for t in (*lowers, *uppers)))
         return lowers[0].new_full((*shape, 2), 0.5)
 
@@ -66,7 +68,9 @@ class ProductRelaxation:
         but that depends on the other input, unknown here)."""
         return upper > lower
 
-    def linear_bounds(self, lowers, uppers, params: Tensor | None = None) -> MultiLinearBounds:
+    def linear_bounds(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], params: Tensor | None = None
+    ) -> MultiLinearBounds:
         """One lower and one upper line per element; `params[..., 0]`, `params[..., 1]` mix the
         lower and the upper planes (projected onto [0, 1])."""
         if params is None:
@@ -77,7 +81,9 @@ class ProductRelaxation:
         cx, cy, d = _mix(params[..., 1], up1, up2)
         return MultiLinearBounds((ax, ay), b, (cx, cy), d)
 
-    def constraints(self, lowers, uppers) -> MultiLinearConstraints:
+    def constraints(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> MultiLinearConstraints:
         """The four McCormick planes (two per side)."""
         lows, ups = _planes(lowers, uppers)
 
@@ -89,7 +95,13 @@ class ProductRelaxation:
             (stack(ups, 0), stack(ups, 1)), stack(ups, 2),
         )  # fmt: skip
 
-    def argmin(self, coeffs_pre, coeff_post: Tensor, lowers, uppers):
+    def argmin(
+        self,
+        coeffs_pre: tuple[Tensor, ...],
+        coeff_post: Tensor,
+        lowers: tuple[Tensor, ...],
+        uppers: tuple[Tensor, ...],
+    ) -> tuple[tuple[Tensor, ...], Tensor]:
         """Minimiser of `a x + b y + c z` over the hull: the best of its four corners."""
         (a, b), c = coeffs_pre, coeff_post
         (lx, ly), (ux, uy) = lowers, uppers

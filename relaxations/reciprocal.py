@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import register
+from relaxations.registry import register
 from relaxations.s_shaped import SBox, SCurve, SCurveRelaxation
 from relaxations.smooth import first_index, require_finite_box
 
@@ -33,7 +33,7 @@ def require_no_zero(lower: Tensor, upper: Tensor) -> None:
         )
 
 
-@register("reciprocal")
+@register("reciprocal", torch=(torch.reciprocal, "reciprocal"), onnx=("Reciprocal",))
 class ReciprocalRelaxation(SCurveRelaxation):
     """`1 / x` on boxes excluding 0; see the module docstring."""
 

@@ -11,9 +11,11 @@ CROWN's lower line is `alpha xh` with `alpha` in [0, 1]; its adaptive choice is
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from relaxations.base import LinearBounds, LinearConstraints, Piece, register
+from relaxations.base import RELU_PIECES, LinearBounds, LinearConstraints, Relaxation
+from relaxations.registry import register
 
 
 def neuron_status(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -33,8 +35,8 @@ def upper_line(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
     return slope, intercept
 
 
-@register("relu")
-class ReluRelaxation:
+@register("relu", torch=(nn.ReLU, torch.relu, F.relu, "relu"), onnx=("Relu",))
+class ReluRelaxation(Relaxation):
     """The Planet relaxation of ReLU; see the module docstring."""
 
     name = "relu"
@@ -43,12 +45,10 @@ class ReluRelaxation:
     convex = True
     monotone = True
     split_at_zero = True
-    fused = "planet"  # kernels.prox_relu_block
-    anderson = (
-        True  # after an affine layer: the convex hull of Anderson et al. (bounds.dual.anderson)
-    )
+    planet = True  # kernels.prox_relu_block
+    anderson = True  # after an affine layer: the convex hull of Anderson et al.
     param_shape = ()  # the lower slope alpha
-    pieces = (Piece(-torch.inf, 0.0, 0.0, 0.0), Piece(0.0, torch.inf, 1.0, 0.0))
+    pieces = RELU_PIECES
 
     def forward(self, xh: Tensor) -> Tensor:
         return torch.relu(xh)

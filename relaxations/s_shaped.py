@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, polygon_argmin
+from relaxations.base import LinearBounds, LinearConstraints, Relaxation
 from relaxations.smooth import (
     BISECTION_STEPS,
     Fn,
@@ -226,7 +226,7 @@ def horizontal(value: Tensor, outward: float) -> tuple[Tensor, Tensor]:
     return torch.zeros_like(value), value + outward * outward_margin(value, value)
 
 
-class SCurveRelaxation:
+class SCurveRelaxation(Relaxation):
     """The protocol for a relaxation built on `SCurve`: subclasses supply `f`, `df`, `interval`
     and `_curve(lower, upper) -> (SCurve, SBox)` (which validates the box), and may override
     `_adjust(lines, lower, upper, for_lp)` (a last pass over the lines for special regimes)
@@ -235,12 +235,7 @@ class SCurveRelaxation:
     overflow are replaced by them). `param_shape` is `(2,)` (lower line, upper line fractions)
     or `(1,)` (one fraction, used by whichever side is a tangent: boxes that never straddle)."""
 
-    convex = False
-    monotone = False
-    split_at_zero = False
-    fused = None
     param_shape: tuple[int, ...] = (2,)
-    pieces = None
     checks_finite = False
 
     @property
@@ -321,12 +316,6 @@ class SCurveRelaxation:
         extra.append(LinearBounds(zero, h_low, zero, h_up))
         lines = (default, *(_or_default(x, default) for x in extra))
         return stack_constraints(lines)
-
-    def argmin(
-        self, coeff_pre: Tensor, coeff_post: Tensor, lower: Tensor, upper: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Minimiser over the polygon `constraints` (a vertex; `polygon_argmin`)."""
-        return polygon_argmin(self.constraints(lower, upper), coeff_pre, coeff_post, lower, upper)
 
 
 class MonotoneSRelaxation(SCurveRelaxation):

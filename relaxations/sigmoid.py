@@ -5,13 +5,14 @@ appendix A: S-shaped activations; tangent points optimised as in alpha-CROWN, Xu
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from relaxations.base import register
+from relaxations.registry import register
 from relaxations.s_shaped import MonotoneSRelaxation
 
 
-@register("sigmoid")
+@register("sigmoid", torch=(torch.sigmoid, F.sigmoid, "sigmoid", nn.Sigmoid), onnx=("Sigmoid",))
 class SigmoidRelaxation(MonotoneSRelaxation):
     """Sigmoid; the derivative is `sigmoid(x) sigmoid(-x)` (accurate where `sigmoid(x)`
     rounds to 1, unlike `s (1 - s)`)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import Piece, polygon_argmin, register
+from relaxations.base import Piece, polygon_argmin
 from relaxations.piecewise import (
     SideLines,
     along,
@@ -32,6 +32,7 @@ from relaxations.piecewise import (
     check_level,
     pivot_line,
 )
+from relaxations.registry import register
 
 
 class StepRelaxation(SideLines):
@@ -42,7 +43,6 @@ class StepRelaxation(SideLines):
     convex = False
     monotone = True
     split_at_zero = False
-    fused = None
     param_shape = (2,)  # (t of the lower line, t' of the upper line)
 
     def __init__(self, low: float, zero: float, high: float) -> None:
@@ -106,7 +106,7 @@ class StepRelaxation(SideLines):
         return polygon_argmin(cons, coeff_pre, coeff_post, lower, upper)
 
 
-@register("sign")
+@register("sign", torch=(torch.sign, "sign"), onnx=("Sign",))
 class SignRelaxation(StepRelaxation):
     """`sign`: -1, 0, 1 (no options)."""
 

@@ -41,8 +41,9 @@ import math
 import torch
 from torch import Tensor
 
-from relaxations.base import MultiLinearBounds, MultiLinearConstraints, register
+from relaxations.base import MultiLinearBounds, MultiLinearConstraints, MultiRelaxation
 from relaxations.exp import clip_level
+from relaxations.registry import register
 from relaxations.smooth import (
     MARGIN_ULPS,
     chord_slope,
@@ -134,7 +135,7 @@ def _guarded(line, lowers, uppers, params, s_l, s_u, fallback, need_finite_u):
 
 
 @register("softmax")
-class SoftmaxRelaxation:
+class SoftmaxRelaxation(MultiRelaxation):
     """`1 / (1 + sum_k exp(y_k))` of `terms` logit differences, plus the clipped sum `P` as
     the last input (bounds only); see the module docstring."""
 
@@ -143,7 +144,6 @@ class SoftmaxRelaxation:
     convex = False
     monotone = False  # decreasing in every difference, but of several inputs
     split_at_zero = False
-    fused = None
     pieces = None
 
     def __init__(self, terms: int) -> None:
@@ -189,11 +189,13 @@ class SoftmaxRelaxation:
         f_hi = torch.minimum(f_hi, torch.reciprocal(s_l) * (1 + 2 * info.eps) + info.tiny)
         return f_lo, f_hi, s_l, s_u
 
-    def interval(self, lowers, uppers) -> tuple[Tensor, Tensor]:
+    def interval(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor]:
         f_lo, f_hi, _, _ = self._range(lowers, uppers)
         return f_lo, f_hi
 
-    def default_params(self, lowers, uppers) -> Tensor:
+    def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor:
         """`theta = 1/2` (the tangent of `1 / S` at the midpoint of `[S_l, S_u]`, CROWN's
         default for the reciprocal) and `tau_k = min(1/2, 0.99 / (u_k - l_k))`."""
         lowers, uppers, shape = _broadcast(lowers, uppers)
@@ -212,7 +214,9 @@ class SoftmaxRelaxation:
         """Every input neuron that is not fixed."""
         return upper > lower
 
-    def linear_bounds(self, lowers, uppers, params: Tensor | None = None) -> MultiLinearBounds:
+    def linear_bounds(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], params: Tensor | None = None
+    ) -> MultiLinearBounds:
         """One lower and one upper line per element (see the module docstring; slope 0 on the
         clipped sum); `params` (projected onto [0, 1]) choose the tangent points."""
         if params is None:
@@ -227,7 +231,9 @@ class SoftmaxRelaxation:
         zero = torch.zeros_like(f_lo)
         return MultiLinearBounds((*low[0], zero), low[1], (*up[0], zero), up[1])
 
-    def constraints(self, lowers, uppers) -> MultiLinearConstraints:
+    def constraints(
+        self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]
+    ) -> MultiLinearConstraints:
         """The default lines (one per side): the set `argmin` minimises over."""
         lines = self.linear_bounds(lowers, uppers)
         return MultiLinearConstraints(
@@ -235,7 +241,13 @@ class SoftmaxRelaxation:
             tuple(s.unsqueeze(0) for s in lines.upper_slopes), lines.upper_intercept.unsqueeze(0),
         )  # fmt: skip
 
-    def argmin(self, coeffs_pre, coeff_post: Tensor, lowers, uppers):
+    def argmin(
+        self,
+        coeffs_pre: tuple[Tensor, ...],
+        coeff_post: Tensor,
+        lowers: tuple[Tensor, ...],
+        uppers: tuple[Tensor, ...],
+    ) -> tuple[tuple[Tensor, ...], Tensor]:
         """Minimiser of `sum_k a_k y_k + c z` over `constraints`: `z` on the lower line where
         `c >= 0` (else the upper one), then each input at the end its total coefficient
         prefers (the objective is then separable over the box)."""

@@ -5,13 +5,14 @@ on `x >= 0`; the lines are `relaxations.s_shaped`'s."""
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from relaxations.base import register
+from relaxations.registry import register
 from relaxations.s_shaped import MonotoneSRelaxation
 
 
-@register("tanh")
+@register("tanh", torch=(torch.tanh, F.tanh, "tanh", nn.Tanh), onnx=("Tanh",))
 class TanhRelaxation(MonotoneSRelaxation):
     """tanh; the derivative is `1 / cosh(x)^2` (accurate where `tanh` rounds to +-1, unlike
     `1 - tanh(x)^2`; `cosh` overflowing gives 0, below the true value by less than a rounding

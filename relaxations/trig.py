@@ -31,7 +31,8 @@ import math
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, register
+from relaxations.base import LinearBounds
+from relaxations.registry import register
 from relaxations.s_shaped import SBox, SCurve, SCurveRelaxation, horizontal
 from relaxations.smooth import full_lines, highest_intercept, lowest_intercept, outward_margin
 
@@ -135,7 +136,7 @@ class _TrigRelaxation(SCurveRelaxation):
         )
 
 
-@register("sin")
+@register("sin", torch=(torch.sin, "sin"), onnx=("Sin",))
 class SinRelaxation(_TrigRelaxation):
     """sin: inflection points `k pi`, maxima `pi/2 + 2 pi k`, minima `-pi/2 + 2 pi k`."""
 
@@ -152,7 +153,7 @@ class SinRelaxation(_TrigRelaxation):
         return torch.cos(x)
 
 
-@register("cos")
+@register("cos", torch=(torch.cos, "cos"), onnx=("Cos",))
 class CosRelaxation(_TrigRelaxation):
     """cos: inflection points `pi/2 + k pi`, maxima `2 pi k`, minima `pi + 2 pi k`."""
 

@@ -29,7 +29,8 @@ from bounds.lp import planet_lp
 from bounds.methods.crown import crown, output_functional
 from bounds.ops import ActivationOp, BoundOp
 from bounds.types import Interval
-from relaxations.base import LinearBounds, LinearConstraints, Piece, polygon_argmin, register
+from relaxations.base import LinearBounds, LinearConstraints, Piece, polygon_argmin
+from relaxations.registry import register
 from tests.bad_inputs.conftest import raises_where
 from tests.model_zoo import make
 from tests.relaxation_checks import check_all, random_boxes

@@ -12,6 +12,7 @@ from torch import nn
 import verify
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import build_graph
+from relaxations.registry import spellings
 from tests.soundness import assert_contains, box_samples
 
 D = torch.float64
@@ -30,13 +31,8 @@ class _Apply(nn.Module):
         return self.head(self.act(self.body(x)))
 
 
-SPELLINGS = {
-    "torch.sigmoid": (torch.sigmoid, "sigmoid", {}),
-    "F.sigmoid": (F.sigmoid, "sigmoid", {}),
-    "nn.Sigmoid": (nn.Sigmoid(), "sigmoid", {}),
-    "Tensor.sigmoid": (lambda x: x.sigmoid(), "sigmoid", {}),
-    "torch.tanh": (torch.tanh, "tanh", {}),
-    "nn.Tanh": (nn.Tanh(), "tanh", {}),
+# Spellings that take arguments: an example call each, with the options it gives.
+WITH_ARGUMENTS = {
     "F.leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "leaky_relu", {"negative_slope": 0.2}),
     "nn.LeakyReLU": (nn.LeakyReLU(0.3), "leaky_relu", {"negative_slope": 0.3}),
     "nn.PReLU": (nn.PReLU(init=0.25).double(), "leaky_relu", {}),
@@ -44,16 +40,43 @@ SPELLINGS = {
     "nn.ReLU6": (nn.ReLU6(), "hardtanh", {"min": 0.0, "max": 6.0}),
     "torch.clamp": (lambda x: torch.clamp(x, min=-0.2), "hardtanh", {"min": -0.2}),
     "Tensor.clamp": (lambda x: x.clamp(-1, 1), "hardtanh", {"min": -1.0, "max": 1.0}),
-    "torch.abs": (torch.abs, "abs", {}),
-    "torch.sign": (torch.sign, "sign", {}),
-    "torch.floor": (torch.floor, "floor", {}),
-    "torch.exp": (torch.exp, "exp", {}),
-    "torch.sin": (torch.sin, "sin", {}),
-    "Tensor.cos": (lambda x: x.cos(), "cos", {}),
     "torch.pow": (lambda x: torch.pow(x, 3), "pow", {}),
     "x ** 2": (lambda x: x**2, "pow", {}),
     "torch.square": (torch.square, "pow", {}),
     "1 / exp": (lambda x: 1.0 / torch.exp(x), "reciprocal", {}),
+}
+# Relaxations defined on part of the line get their input through this map.
+DOMAIN = {"reciprocal": torch.exp}
+
+
+def _label(target) -> str:
+    """`torch.tanh`, `F.tanh`, `nn.Tanh`, `Tensor.tanh`."""
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    if isinstance(target, type):
+        return f"nn.{target.__name__}"
+    module = {"torch": "torch", "torch.nn.functional": "F"}.get(target.__module__, "operator")
+    return f"{module}.{target.__name__}"
+
+
+def _call(target, name: str):
+    """The registered spelling `target` applied to an input in the relaxation's domain."""
+    if isinstance(target, type):
+        return target()
+    domain = DOMAIN.get(name, lambda x: x)
+    if isinstance(target, str):
+        return lambda x: getattr(domain(x), target)()
+    return lambda x: target(domain(x))
+
+
+# Every registered spelling without arguments (read from the registry), and the examples.
+SPELLINGS = {
+    **{
+        _label(spelling.target): (_call(spelling.target, name), name, {})
+        for name, spelling in spellings()
+        if spelling.options is None
+    },
+    **WITH_ARGUMENTS,
 }
 
 

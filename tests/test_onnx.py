@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from bounds.errors import InvalidNetworkError, UnsupportedOperationError
+from relaxations.registry import spellings
 from verify.errors import SpecificationError
 from verify.io.onnx_loader import load_onnx
 
@@ -30,16 +31,18 @@ NETWORKS = (
     if DATA.is_dir()
     else []
 )
+# Elementwise activations: the torch functions and modules relaxations declare (the registry).
+ACTIVATIONS = tuple(spelling.target for _, spelling in spellings())
 ALLOWED_MODULES = (
     nn.Linear,
     nn.Conv2d,
     nn.ConvTranspose2d,
-    nn.ReLU,
     nn.BatchNorm1d,
     nn.BatchNorm2d,
     nn.AvgPool2d,
     nn.Flatten,
     nn.Identity,
+    *(target for target in ACTIVATIONS if isinstance(target, type)),
 )
 ALLOWED_FUNCTIONS = {
     operator.add,
@@ -59,23 +62,11 @@ ALLOWED_FUNCTIONS = {
     torch.where,
     torch.nn.functional.pad,
     # Nonlinear (verify/io/onnx_nonlinear.py; bounds/fx_activations.py, fx_nonlinear.py).
-    torch.sigmoid,
-    torch.tanh,
-    torch.abs,
-    torch.sign,
-    torch.floor,
-    torch.exp,
-    torch.reciprocal,
-    torch.sin,
-    torch.cos,
-    torch.pow,
-    torch.clamp,
     torch.maximum,
     torch.minimum,
-    torch.nn.functional.leaky_relu,
-    torch.nn.functional.prelu,
     torch.nn.functional.softmax,
     torch.nn.functional.max_pool2d,
+    *(target for target in ACTIVATIONS if callable(target) and not isinstance(target, type)),
 }
 ALLOWED_METHODS = {"expand"}
 

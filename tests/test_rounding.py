@@ -21,7 +21,10 @@ import verify
 from bounds.ops import ConvOp, ElementwiseAffineOp, LinearOp, ReduceOp, SumOp
 from bounds.rounding import error_bound, gamma, lower_minus, unit_roundoff, upper_plus
 from bounds.types import Interval
-from relaxations import ExpRelaxation, ReluRelaxation, SigmoidRelaxation, TanhRelaxation
+from relaxations.exp import ExpRelaxation
+from relaxations.relu import ReluRelaxation
+from relaxations.sigmoid import SigmoidRelaxation
+from relaxations.tanh import TanhRelaxation
 from tests.model_zoo import FLOAT_TRAPS, Cancel, Product, Shift, Square, make_trap
 
 METHODS = ("ibp", "crown", "alpha-crown")

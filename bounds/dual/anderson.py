@@ -123,7 +123,7 @@ def anderson_layers(graph: Graph) -> Layers:
     relaxations have the Anderson hull (`relaxation.anderson`: ReLU)."""
     net = decompose(graph)
     for act in net.acts:
-        if not getattr(act.op.relaxation, "anderson", False):
+        if not act.op.relaxation.anderson:
             raise UnsupportedOperationError(
                 act.op.relaxation.name, act.name,
                 "the Anderson relaxation covers ReLU after an affine layer; use prox or "

@@ -132,11 +132,11 @@ BlockStep = tuple[tuple[Tensor, ...], tuple[Tensor, ...]]  # (xhB per edge, xhA 
 
 def _fusable(p: Problem, s: int) -> bool:
     """Block s fits the fused kernels: one share, and the input or a one-input node whose
-    relaxation has the "planet" kernels."""
+    relaxation is the Planet triangle (`Relaxation.planet`)."""
     source = p.net.sources[s]
     if len(source.pairs) != 1:
         return False
-    return not s or (len(source.edges) == 1 and p.net.acts[s - 1].op.relaxation.fused == "planet")
+    return not s or (len(source.edges) == 1 and p.net.acts[s - 1].op.relaxation.planet)
 
 
 def _block_step(p: Problem, state: ProxState, eta: tuple[Tensor, ...], s: int) -> BlockStep:

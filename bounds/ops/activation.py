@@ -26,12 +26,13 @@ class ActivationOp(BoundOp):
     def rounding_ulps(self) -> int:
         """How far (in ulps) the relaxation's interval formulas may be from the exact function
         values (`Relaxation.rounding_ulps`, default `bounds.rounding.DEFAULT_ULPS`)."""
-        return getattr(self.relaxation, "rounding_ulps", DEFAULT_ULPS)
+        ulps = self.relaxation.rounding_ulps
+        return DEFAULT_ULPS if ulps is None else ulps
 
     def in_range(self, iv: Interval) -> Interval:
         """`iv` clipped to the function's exact range (`Relaxation.output_range`, optional):
         widening for rounding never needs to leave it."""
-        bounds = getattr(self.relaxation, "output_range", None)
+        bounds = self.relaxation.output_range
         if bounds is None:
             return iv
         return Interval(iv.lower.clamp(min=bounds[0]), iv.upper.clamp(max=bounds[1]))

@@ -31,6 +31,7 @@ import math
 import operator
 import os
 import zlib
+from collections import ChainMap
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ from verify.io.onnx_nonlinear import PRODUCTS, two_activations
 from verify.io.onnx_ops import HANDLERS as AFFINE_HANDLERS
 from verify.io.onnx_shapes import HANDLERS as SHAPE_HANDLERS
 
-HANDLERS = {**AFFINE_HANDLERS, **SHAPE_HANDLERS, **NONLINEAR_HANDLERS}
+HANDLERS = ChainMap(NONLINEAR_HANDLERS, SHAPE_HANDLERS, AFFINE_HANDLERS)  # read live
 
 # The largest (decompressed) model file read: protobuf messages cannot exceed 2 GiB.
 MAX_MODEL_BYTES = 2**31 - 1

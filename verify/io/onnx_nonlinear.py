@@ -1,19 +1,23 @@
 """ONNX nonlinear nodes -> torch.fx (used by `verify.io.onnx_loader`, next to `onnx_ops` and
-`onnx_shapes`): elementwise activations become the torch functions `bounds.fx_activations`
-maps to relaxations (one line per op type), and MaxPool, Max/Min, Softmax and the products of
-two activations (Mul, Div, MatMul) the calls `bounds.fx_nonlinear` rewrites exactly."""
+`onnx_shapes`): elementwise activations become the torch calls their relaxations declare
+(`relaxations.registry`: each ONNX op with how it reads its attributes and constant inputs),
+which `bounds.fx_activations` maps back to the relaxations; MaxPool, Max/Min, Softmax and the
+products of two activations (Mul, Div, MatMul) become the calls `bounds.fx_nonlinear` rewrites
+exactly."""
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from relaxations.registry import InvalidNodeError, OnnxNode, onnx_ops
 from verify.io.onnx_builder import GraphBuilder, Traced, Value, broadcast_operands
 from verify.io.onnx_checks import invalid, spatial_output, symmetric_pads, unsupported
 from verify.io.onnx_fold import node_attributes
@@ -22,67 +26,37 @@ from verify.io.onnx_ops import activation, constant, hint, pool_window
 Handler = Callable[[GraphBuilder, onnx.NodeProto, list[Value]], Traced]
 
 
-def _elementwise(fn: Callable[..., torch.Tensor]) -> Handler:
-    def handler(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-        x = activation(node, inputs)
-        return b.function(fn, x, batched=x.batched, hint=hint(node))
+def _onnx_node(node: onnx.NodeProto, inputs: list[Value], x: Traced) -> OnnxNode:
+    """What a relaxation's ONNX reader sees: attributes, constant inputs as tensors (an
+    activation there is refused), the activation's shape."""
+    constants = []
+    for i in range(1, len(inputs)):
+        value = constant(node, inputs, i)
+        constants.append(None if value is None else torch.tensor(np.array(value)))
+    attributes = node_attributes(node)
+    return OnnxNode(node.op_type, attributes, tuple(constants), tuple(x.shape), x.batched)
 
-    return handler
 
-
-def _leaky_relu(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
+def _registered(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
+    """A node of a registered relaxation's ONNX op: the torch call its reader gives (a
+    function, or a module class instantiated with the arguments), tensors as buffers."""
+    entry, op = onnx_ops()[node.op_type]
     x = activation(node, inputs)
-    slope = float(node_attributes(node).get("alpha", 0.01))
-    return b.function(F.leaky_relu, x, slope, batched=x.batched, hint=hint(node))
-
-
-def _prelu(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """PRelu with one constant slope, or one per channel (a slope of shape `[C, 1, ..., 1]` or
-    `[C]` for a rank-2 input, broadcast over axis 1): F.leaky_relu or F.prelu."""
-    x = activation(node, inputs)
-    slope = constant(node, inputs, 1)
-    if slope is None or np.size(slope) == 0:
-        raise unsupported(node, "the slope must be a constant")
-    flat = np.ravel(slope)
-    if np.all(flat == flat[0]):
-        return b.function(F.leaky_relu, x, float(flat[0]), batched=x.batched, hint=hint(node))
-    channels = x.shape[1] if len(x.shape) > 1 else 0
-    per_channel = np.shape(slope)[-(len(x.shape) - 1) :] if len(x.shape) > 1 else ()
-    if not x.batched or flat.size != channels or int(np.prod(per_channel)) != channels:
-        raise unsupported(node, f"slope of shape {np.shape(slope)} (one per channel of axis 1)")
-    if len(per_channel) > 1 and any(d != 1 for d in per_channel[1:]):
-        raise unsupported(node, f"slope of shape {np.shape(slope)} (one per channel of axis 1)")
-    weight = b.buffer(f"{hint(node)}_slope", flat)
-    return b.function(F.prelu, x, weight, batched=x.batched, hint=hint(node))
-
-
-def _clip(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """Clip with constant limits (inputs 1, 2 from opset 11; attributes before)."""
-    x = activation(node, inputs)
-    attrs = node_attributes(node)
-    limits = []
-    for i, key in ((1, "min"), (2, "max")):
-        value = constant(node, inputs, i) if i < len(inputs) else attrs.get(key)
-        if value is not None and np.size(value) != 1:
-            raise unsupported(node, f"{key} must be a scalar constant")
-        limits.append(None if value is None else float(np.ravel(value)[0]))
-    if limits[0] is not None and limits[1] is not None and limits[0] > limits[1]:
-        raise invalid(node, f"min {limits[0]} > max {limits[1]}")
-    return b.function(torch.clamp, x, limits[0], limits[1], batched=x.batched, hint=hint(node))
-
-
-def _pow(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    """Pow by a constant integer exponent (x^1 is x; x^0 would be 1: refused)."""
-    x = activation(node, inputs)
-    exponent = constant(node, inputs, 1)
-    if exponent is None or np.size(exponent) != 1:
-        raise unsupported(node, "the exponent must be a scalar constant")
-    value = float(np.ravel(exponent)[0])
-    if value != int(value) or value < 1:
-        raise unsupported(node, f"exponent {value} (only integers >= 1)")
-    if value == 1:
+    try:
+        call = entry.default_call() if op.read is None else op.read(_onnx_node(node, inputs, x))
+    except InvalidNodeError as err:
+        raise invalid(node, str(err)) from err
+    except ValueError as err:
+        raise unsupported(node, str(err)) from err
+    if call is None:
         return x
-    return b.function(torch.pow, x, int(value), batched=x.batched, hint=hint(node))
+    args = tuple(
+        b.buffer(f"{hint(node)}_const", a.numpy()) if isinstance(a, torch.Tensor) else a
+        for a in call.arguments
+    )
+    if isinstance(call.function, type) and issubclass(call.function, nn.Module):
+        return b.module(hint(node), call.function(*args), x)
+    return b.function(call.function, x, *args, batched=x.batched, hint=hint(node))
 
 
 def _softmax(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
@@ -155,25 +129,33 @@ def two_activations(inputs: list[Value]) -> bool:
     return len(inputs) >= 2 and all(isinstance(v, Traced) for v in inputs[:2])
 
 
-HANDLERS: dict[str, Handler] = {
-    "Sigmoid": _elementwise(torch.sigmoid),
-    "Tanh": _elementwise(torch.tanh),
-    "Abs": _elementwise(torch.abs),
-    "Sign": _elementwise(torch.sign),
-    "Floor": _elementwise(torch.floor),
-    "Exp": _elementwise(torch.exp),
-    "Reciprocal": _elementwise(torch.reciprocal),
-    "Sin": _elementwise(torch.sin),
-    "Cos": _elementwise(torch.cos),
-    "LeakyRelu": _leaky_relu,
-    "PRelu": _prelu,
-    "Clip": _clip,
-    "Pow": _pow,
+_STRUCTURAL: dict[str, Handler] = {
     "Softmax": _softmax,
     "MaxPool": _max_pool,
     "Max": _max_min,
     "Min": _max_min,
 }
+
+
+class _Handlers(Mapping):
+    """The ONNX ops translated here, read live: Softmax, MaxPool, Max and Min, and every op a
+    registered relaxation declares (`relaxations.registry`; plugins registered later too)."""
+
+    def __getitem__(self, op_type: str) -> Handler:
+        if op_type in _STRUCTURAL:
+            return _STRUCTURAL[op_type]
+        if op_type in onnx_ops():
+            return _registered
+        raise KeyError(op_type)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(_STRUCTURAL), **dict.fromkeys(onnx_ops())})
+
+    def __len__(self) -> int:
+        return len({*_STRUCTURAL, *onnx_ops()})
+
+
+HANDLERS: Mapping[str, Handler] = _Handlers()
 
 # Mul, Div and MatMul of two activations (the constant forms stay in `onnx_ops`).
 PRODUCTS: dict[str, Handler] = {"Mul": _product, "Div": _product, "MatMul": _matmul}

@@ -1,5 +1,5 @@
 """ONNX node -> torch.fx node translation (used by `verify.io.onnx_loader`): the affine layers
-(Gemm, MatMul, Conv, BatchNormalization, AveragePool), Relu, reshapes and elementwise
+(Gemm, MatMul, Conv, BatchNormalization, AveragePool), reshapes and elementwise
 arithmetic; the shape and other linear ops are in `verify.io.onnx_shapes`.
 
 Every activation carries a batch-1 example tensor so that shapes are known while the graph is
@@ -324,10 +324,6 @@ def _identity(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Tra
     return b.module(hint(node), nn.Identity(), x)
 
 
-def _relu(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
-    return b.module(hint(node), nn.ReLU(), activation(node, inputs))
-
-
 def _reshape(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     attrs = node_attributes(node)
     x = activation(node, inputs)
@@ -451,7 +447,6 @@ HANDLERS: dict[str, Callable[[GraphBuilder, onnx.NodeProto, list[Value]], Any]] 
     "Gemm": _gemm,
     "MatMul": _matmul,
     "Conv": _conv,
-    "Relu": _relu,
     "BatchNormalization": _batch_norm,
     "AveragePool": _average_pool,
     "Flatten": _flatten,

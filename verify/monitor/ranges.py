@@ -81,7 +81,7 @@ class _Rounded:
 
 def _check_activation(node) -> None:
     """ReLU-like only: pieces with slopes in {0, 1} and no intercepts are exact in float."""
-    pieces = getattr(node.op.relaxation, "pieces", None)
+    pieces = node.op.relaxation.pieces
     if (
         len(node.inputs) != 1
         or not pieces
