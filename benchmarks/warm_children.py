@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bounds.dual.split_domains as split_domains
+import verify.bab.relu.hard_bounder as split_domains
 from benchmarks.common import DATA, resolve
 from bounds.types import Interval
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig

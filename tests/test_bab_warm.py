@@ -21,13 +21,13 @@ from bounds.dual.anderson import (
     problem_from_graph,
     problem_from_layers,
 )
-from bounds.dual.split_domains import AndersonStart, anderson_split_bounds
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 from tests.test_bab_stratified import small_runner
 from tests.test_distributed import answer_of, sharded_in_process
 from tests.test_relu_bab import milp_property, random_domains
 from verify.bab import BabConfig, ReluSplitConfig
+from verify.bab.relu.hard_bounder import AndersonStart, anderson_split_bounds
 from verify.bab.warm import WarmStarts, compact, nbytes
 from verify.cli import bab_config, build_parser
 from verify.distributed.searches import ReluShard

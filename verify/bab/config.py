@@ -6,12 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.methods.beta_crown import BetaCrownConfig
+from bounds.registry import methods_with
 from verify.attack import AttackConfig
-
-# the dual solvers of `bounds.dual.intermediate` that can tighten the root's intervals
-DUAL_ROOT_INTERMEDIATE = ("active-set", "sp-fw", "prox")
 
 BRANCHINGS = ("babsr", "fsb")
 
@@ -67,10 +64,9 @@ class ReluSplitConfig:
     hard_warm_memory_gb: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.hard_bounder not in HARD_BOUNDERS:
-            raise ValueError(
-                f"hard_bounder must be one of {tuple(HARD_BOUNDERS)}, got {self.hard_bounder!r}"
-            )
+        hard = methods_with("hard_bounder")
+        if self.hard_bounder not in hard:
+            raise ValueError(f"hard_bounder must be one of {hard}, got {self.hard_bounder!r}")
         if self.branching not in BRANCHINGS:
             raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
         if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
@@ -83,10 +79,10 @@ class ReluSplitConfig:
             raise ValueError("max_memory_gb and hard_warm_memory_gb must be > 0")
         if not self.stall_gain >= 0:
             raise ValueError("stall_gain must be >= 0")
-        if self.root_intermediate not in ("alpha-crown", *DUAL_ROOT_INTERMEDIATE):
+        root = ("alpha-crown", *methods_with("root_intermediate"))
+        if self.root_intermediate not in root:
             raise ValueError(
-                "root_intermediate must be one of "
-                f"{('alpha-crown', *DUAL_ROOT_INTERMEDIATE)}, got {self.root_intermediate!r}"
+                f"root_intermediate must be one of {root}, got {self.root_intermediate!r}"
             )
         if self.root_intermediate_iterations < 0 or not 0 < self.root_share <= 1:
             raise ValueError("need root_intermediate_iterations >= 0 and 0 < root_share <= 1")

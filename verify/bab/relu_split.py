@@ -41,8 +41,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.dual.intermediate import intermediate_intervals
-from bounds.dual.split_domains import HARD_BOUNDERS, WARM_STARTS
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph, build_graph
 from bounds.methods import beta_crown
@@ -50,6 +48,7 @@ from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.beta_crown import SplitResult
 from bounds.methods.crown import crown_intervals
 from bounds.methods.pacing import passed
+from bounds.registry import get_method
 from bounds.types import Budget, Interval, rounded_down
 from verify.attack import UnsafeSpec, pgd, validate
 from verify.bab.common import (
@@ -63,8 +62,9 @@ from verify.bab.common import (
     outward,
     outward_box,
 )
-from verify.bab.config import DUAL_ROOT_INTERMEDIATE, ReluSplitConfig
+from verify.bab.config import ReluSplitConfig
 from verify.bab.protocols import Children
+from verify.bab.relu.hard_bounder import HARD_BOUNDERS, WARM_STARTS
 from verify.bab.relu_branching import (
     Layout,
     babsr_scores,
@@ -263,8 +263,8 @@ class ReluBounder:
         search inherits them. False when off (`alpha-crown`) or when the solver cannot take
         the graph."""
         t, settings = self.t, self.settings
-        kind = settings.root_intermediate
-        if kind not in DUAL_ROOT_INTERMEDIATE or settings.root_intermediate_iterations == 0:
+        method = get_method(settings.root_intermediate)
+        if not method.root_intermediate or settings.root_intermediate_iterations == 0:
             return False
         left = t.deadline - time.monotonic()
         deadline = None if left == float("inf") else time.monotonic() + settings.root_share * left
@@ -272,9 +272,9 @@ class ReluBounder:
         given = self.intervals(zero, self.base64)
         tick = time.perf_counter()
         try:
-            tightened = intermediate_intervals(
-                t.check.graph, t.box64, t.check.spec.C.unsqueeze(0), kind,
-                settings.root_intermediate_iterations, given, deadline, start="crown",
+            tightened = method.intermediate(  # from the given intervals (start: None)
+                t.check.graph, t.box64, t.check.spec.C.unsqueeze(0),
+                settings.root_intermediate_iterations, given, deadline, None,
             )  # fmt: skip
         except UnsupportedOperationError:
             return False

@@ -59,7 +59,7 @@ class Settings:
     prox_sweeps: int
     device: str
     threads: int
-    hard_bounder: str = "prox"
+    hard_bounder: str = ReluSplitConfig.hard_bounder
     hard_stall: int = 0
     root_bounds: str = ReluSplitConfig.root_intermediate
     hard_warm_start: bool = ReluSplitConfig.hard_warm_start
