@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab.relu_split as relu_bab
+import verify.bab.relu.brancher as relu_bab
 from verify.bab import BabConfig
 from verify.property import Polytope, Region, VnnlibProperty
 

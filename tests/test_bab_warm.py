@@ -28,7 +28,7 @@ from tests.test_distributed import answer_of, sharded_in_process
 from tests.test_relu_bab import milp_property, random_domains
 from verify.bab import BabConfig, ReluSplitConfig
 from verify.bab.relu.hard_bounder import AndersonStart, anderson_split_bounds
-from verify.bab.warm import WarmStarts, compact, nbytes
+from verify.bab.relu.warm import WarmStarts, compact, nbytes
 from verify.cli import bab_config, build_parser
 from verify.distributed.searches import ReluShard
 from verify.distributed.suite import settings_of
