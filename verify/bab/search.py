@@ -143,8 +143,8 @@ class Search:
         the open children; then the bounder drops what no domain it returns needs
         (`Bounder.retain`). Returns the open domains after it and a validated counterexample (or
         None)."""
-        parents, rest = open_.pop(max(1, self.sizer.allowed(self.clock.left())
-                                      // self.brancher.fanout))  # fmt: skip
+        count = max(1, self.sizer.allowed(self.clock.left()) // self.brancher.fanout)
+        parents, rest = open_.pop(count)
         tick = time.perf_counter()
         got = self.brancher.children(parents, self.bounder)
         found = got.found if got.found is not None else self._try_points(got.points)

@@ -103,8 +103,9 @@ def root_bound(b: RootSide, alpha: Tensor | None = None) -> tuple[Tensor, Tensor
     t.stats["domains"] += 1
     points = beta_crown.minimiser(result.last.input_coeff, t.box)[0]
     last = t.layout.flatten(result.alpha, t.layout.acts)
-    best = last if result.best_alpha is None else t.layout.flatten(result.best_alpha,
-                                                                   t.layout.acts)  # fmt: skip
+    best = last
+    if result.best_alpha is not None:
+        best = t.layout.flatten(result.best_alpha, t.layout.acts)
     return result.lower, last, points, best
 
 
