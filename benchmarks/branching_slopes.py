@@ -1,4 +1,4 @@
-"""BaBSR / FSB scores from each activation's own slopes (`verify.bab.relu_branching.side_slopes`) vs
+"""BaBSR / FSB scores from each activation's own slopes (`verify.bab.relu.branching.side_slopes`) vs
 ReLU's slopes (0 below, 1 above: the scores before they read the activation), side by side on
 the same LeakyReLU nets and properties: ReLU splitting's answer, domains and seconds.
 
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab.relu_split as relu_bab
+import verify.bab.relu.brancher as relu_bab
 from verify.bab import BabConfig
 from verify.property import Polytope, Region, VnnlibProperty
 

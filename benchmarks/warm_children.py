@@ -1,6 +1,6 @@
 """Warm starts of the active-set hard bounder, on a fixed set of children: the same domains
 bounded cold (from their slopes) and from their parent's duals and cuts, with several numbers
-of new cut rounds (`bounds.dual.split_domains.WARM_ROUNDS`).
+of new cut rounds (`verify.bab.relu.hard_bounder.WARM_ROUNDS`).
 
     python benchmarks/warm_children.py onnx/mnist-net_256x6.onnx vnnlib/prop_1_0.03.vnnlib 24
 
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bounds.dual.split_domains as split_domains
+import verify.bab.relu.hard_bounder as split_domains
 from benchmarks.common import DATA, resolve
 from bounds.types import Interval
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig

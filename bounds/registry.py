@@ -1,11 +1,19 @@
 """Bound methods by name (the only place strings choose code). Each entry has a frozen config
-dataclass and a function `(graph, box, C, config, budget) -> (lower, upper, intervals, stats)`."""
+dataclass, a function `(graph, box, C, config, budget) -> (lower, upper, intervals, stats)` (its
+final bounds) and its other capabilities, declared in its one registration (`register_method`):
+- `intermediate`: how it computes intermediate bounds (`bounds.dual.intermediate`);
+- `hard_bounder`: it bounds branch-and-bound split domains (of its `relaxation`) as the hard
+  bounder of ReLU splitting (`verify.bab.relu.hard_bounder`); `warm_start`: that hard bounder
+  returns and takes warm starts;
+- `root_intermediate`: it may tighten the root's intermediate bounds in ReLU splitting.
+`methods_with(capability)` lists the methods that have one (`CAPABILITIES`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -19,10 +27,18 @@ from bounds.dual.anytime import DualResult
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
-from bounds.dual.intermediate import intermediate_intervals
+from bounds.dual.intermediate import (
+    IntermediateBounds,
+    alpha_crown_intermediate,
+    anderson_intermediate,
+    crown_intermediate,
+    decomposition_intermediate,
+    ibp_intermediate,
+)
 from bounds.dual.proximal import ProximalConfig
 from bounds.dual.sp_fw import SpFwConfig
 from bounds.dual.supergradient import SupergradientConfig
+from bounds.graph import Graph
 from bounds.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
@@ -45,20 +61,60 @@ class NoConfig:
     """Methods without options."""
 
 
+class Relaxation(Enum):
+    """The convex relaxation a dual method solves (what a hard bounder of split domains needs
+    to know about it)."""
+
+    PLANET = "planet"  # Lagrangian decomposition of the Planet relaxation
+    ANDERSON = "anderson"  # the Anderson relaxation (ReLU chains)
+
+
+CAPABILITIES = ("final", "intermediate", "hard_bounder", "warm_start", "root_intermediate")
+
+
 @dataclass(frozen=True)
 class Method:
+    """A registered bound method: `run` its final bounds, `config_type` its frozen options, and
+    its capabilities (module docstring): `intermediate` (None: it gives no intermediate bounds
+    of its own), `hard_bounder`, `warm_start` and `root_intermediate`; `relaxation`: the
+    relaxation a dual method solves (None for the others)."""
+
     name: str
     run: Callable[..., MethodResult]  # (graph, box, C, config, budget, given, exact)
     config_type: type
     description: str
+    intermediate: IntermediateBounds | None = None
+    hard_bounder: bool = False
+    warm_start: bool = False
+    root_intermediate: bool = False
+    relaxation: Relaxation | None = None
+
+    def can(self, capability: str) -> bool:
+        """Whether the method has `capability` (one of `CAPABILITIES`)."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}; one of {CAPABILITIES}")
+        if capability == "final":
+            return True
+        return bool(getattr(self, capability))
 
 
 _METHODS: dict[str, Method] = {}
 
 
-def register_method(name: str, config_type: type, description: str):
-    def wrap(fn):
-        _METHODS[name] = Method(name, fn, config_type, description)
+def register_method(
+    name: str, config_type: type, description: str, *,
+    intermediate: IntermediateBounds | None = None, hard_bounder: bool = False,
+    warm_start: bool = False, root_intermediate: bool = False,
+    relaxation: Relaxation | None = None,
+) -> Callable[[Callable[..., MethodResult]], Callable[..., MethodResult]]:  # fmt: skip
+    """Register the method `name` (its run function decorated) with its config and
+    capabilities."""
+
+    def wrap(fn: Callable[..., MethodResult]) -> Callable[..., MethodResult]:
+        _METHODS[name] = Method(
+            name, fn, config_type, description, intermediate, hard_bounder, warm_start,
+            root_intermediate, relaxation,
+        )  # fmt: skip
         return fn
 
     return wrap
@@ -74,17 +130,33 @@ def available_methods() -> list[str]:
     return list(_METHODS)
 
 
-@register_method("ibp", NoConfig, "interval bound propagation")
+def methods_with(capability: str) -> tuple[str, ...]:
+    """The names of the methods that have `capability` (`CAPABILITIES`), in registration
+    order."""
+    return tuple(name for name, method in _METHODS.items() if method.can(capability))
+
+
+@register_method("ibp", NoConfig, "interval bound propagation", intermediate=ibp_intermediate)
 def _ibp(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     return (*ibp(graph, box, C, given, exact), {})
 
 
-@register_method("crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds")
+@register_method(
+    "crown",
+    NoConfig,
+    "CROWN / Wong-Kolter backward linear bounds",
+    intermediate=crown_intermediate,
+)
 def _crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     return (*crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact), {})
 
 
-@register_method("alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)")
+@register_method(
+    "alpha-crown",
+    AlphaCrownConfig,
+    "CROWN with optimised slopes (Adam)",
+    intermediate=alpha_crown_intermediate,
+)
 def _alpha_crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     deadline = deadline_of(budget)
     base = crown_intervals(graph, box, given, deadline, exact=exact) if given else None
@@ -216,11 +288,21 @@ def _decomposition(solve_fn):
 
 
 register_method(
-    "supergradient", SupergradientConfig, "Lagrangian decomposition, supergradient ascent"
+    "supergradient",
+    SupergradientConfig,
+    "Lagrangian decomposition, supergradient ascent",
+    intermediate=decomposition_intermediate(supergradient.solve, SupergradientConfig),
+    relaxation=Relaxation.PLANET,
 )(_decomposition(supergradient.solve))
-register_method("prox", ProximalConfig, "Lagrangian decomposition, proximal method")(
-    _decomposition(proximal.solve)
-)
+register_method(
+    "prox",
+    ProximalConfig,
+    "Lagrangian decomposition, proximal method",
+    intermediate=decomposition_intermediate(proximal.solve, ProximalConfig),
+    hard_bounder=True,
+    root_intermediate=True,
+    relaxation=Relaxation.PLANET,
+)(_decomposition(proximal.solve))
 
 
 def _anderson(solve_fn):
@@ -252,10 +334,41 @@ register_method(
     "big-m", BigMConfig, "Big-M dual (Planet-equivalent), projected Adam on the Anderson dual"
 )(_anderson(active_set.solve))
 register_method(
-    "active-set", ActiveSetConfig, "Anderson relaxation by the dual active-set method (ReLU chains)"
+    "active-set",
+    ActiveSetConfig,
+    "Anderson relaxation by the dual active-set method (ReLU chains)",
+    intermediate=anderson_intermediate(active_set.solve, ActiveSetConfig),
+    hard_bounder=True,
+    warm_start=True,
+    root_intermediate=True,
+    relaxation=Relaxation.ANDERSON,
 )(_anderson(active_set.solve))
 register_method(
     "sp-fw",
     SpFwConfig,
     "Anderson relaxation by saddle-point Frank-Wolfe, linear memory (ReLU chains)",
+    intermediate=anderson_intermediate(sp_fw.solve, SpFwConfig),
+    root_intermediate=True,
+    relaxation=Relaxation.ANDERSON,
 )(_anderson(sp_fw.solve))
+
+
+def intermediate_intervals(
+    graph: Graph, box: Interval, C: Tensor, kind: str, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: str = "alpha-crown",
+) -> dict[str, Interval]:  # fmt: skip
+    """Intervals of every node by the intermediate-bounds capability of the method `kind`
+    (`bounds.dual.intermediate`); `iterations` is the decomposition solvers' budget per layer;
+    `given` intervals are intersected in; `deadline` (`time.monotonic()`): every stage stops by
+    then, keeping valid intervals. The dual solvers start from (and intersect with) the
+    intervals of `start`: "alpha-crown" (`bounds.dual.intermediate`) or "crown" (for `given`
+    intervals that are alpha-CROWN's already)."""
+    if start not in ("crown", "alpha-crown"):
+        raise ValueError(f"start must be 'crown' or 'alpha-crown', got {start!r}")
+    capable = methods_with("intermediate")
+    if kind not in capable:
+        raise ValueError(f"intermediate must be one of {capable}, got {kind!r}")
+    begin = None if start == "crown" else get_method(start).intermediate
+    compute = get_method(kind).intermediate
+    return compute(graph, box, C, iterations, given, deadline, begin)

@@ -27,6 +27,7 @@ from bounds.dual.anderson import (
 from bounds.errors import UnsupportedOperationError
 from bounds.lp import LpConfig, planet_lp
 from bounds.methods.crown import crown, crown_intervals, output_functional
+from bounds.registry import Relaxation, get_method, methods_with
 from bounds.types import Interval
 from tests.model_zoo import make
 from tests.soundness import assert_contains, box_samples, spec_values
@@ -277,12 +278,18 @@ def test_affine_nets_get_their_exact_bounds():
         torch.testing.assert_close(result.upper, exact.upper, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind, anderson", [("active-set", True), ("sp-fw", True), ("prox", False)])
+@pytest.mark.parametrize(
+    "kind, anderson",
+    [
+        (k, get_method(k).relaxation is Relaxation.ANDERSON)
+        for k in methods_with("root_intermediate")
+    ],
+)
 def test_dual_intermediate_bounds_contain_the_network_and_tighten_alpha_crowns(kind, anderson):
     """The dual solvers' intermediate bounds start from alpha-CROWN's: inside them (and
     CROWN's) and around every sampled pre-activation; the Anderson relaxation's are strictly
     tighter somewhere (prox's relaxation is Planet's, whose optimum alpha-CROWN can reach)."""
-    from bounds.dual.intermediate import intermediate_intervals
+    from bounds.registry import intermediate_intervals
 
     net, shape = make("deep_mlp")
     graph = network_graph(net, shape)

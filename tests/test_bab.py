@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab.input_split as bab
+import verify.bab.input.bounder as bab
 from verify.bab import BabConfig, BatchSizer, Domains, RegionBab, solve_region
 from verify.property import Polytope, Region, VnnlibProperty
 from verify.specs import region_proven, region_spec

@@ -10,7 +10,7 @@ import torch
 from bounds.methods import beta_crown
 from tests.test_relu_bab import assert_relu_bab_agrees_with_milp, mlp, random_domains
 from verify.bab import BabConfig, ReluBab, ReluDomains, ReluSplitConfig
-from verify.bab.relu_split import HardBounder, StratifiedBounder
+from verify.bab.relu.stratified import HardBounder, StratifiedBounder
 from verify.cli.main import build_parser
 from verify.cli.options import bab_config
 from verify.property import Polytope, Region

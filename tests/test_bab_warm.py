@@ -1,5 +1,5 @@
 """Warm starts of the active-set hard bounder from the parent's Anderson duals and cuts
-(`bounds.dual.split_domains`, `verify.bab.warm`): batch surgery of the duals and cuts, the
+(`verify.bab.relu.hard_bounder`, `verify.bab.relu.warm`): batch surgery of the duals and cuts, the
 store, the children's bounds (never below the parent's duals' or the slopes' start on the
 child's relaxation, and sound on sampled points of the child), the domain bookkeeping through
 chunking and out-of-memory retries, and branch and bound against the exact MILP."""
@@ -21,14 +21,14 @@ from bounds.dual.anderson import (
     problem_from_graph,
     problem_from_layers,
 )
-from bounds.dual.split_domains import AndersonStart, anderson_split_bounds
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 from tests.test_bab_stratified import small_runner
 from tests.test_distributed import answer_of, sharded_in_process
 from tests.test_relu_bab import milp_property, random_domains
 from verify.bab import BabConfig, ReluSplitConfig
-from verify.bab.warm import WarmStarts, compact, nbytes
+from verify.bab.relu.hard_bounder import AndersonStart, anderson_split_bounds
+from verify.bab.relu.warm import WarmStarts, compact, nbytes
 from verify.cli.main import build_parser
 from verify.cli.options import bab_config
 from verify.cli.suite import settings_of

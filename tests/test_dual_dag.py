@@ -22,7 +22,6 @@ from bounds.dual import (
 )
 from bounds.dual.dag import pull_back, push_forward
 from bounds.dual.decomposition import oracle, pair_coefficients, solve_block
-from bounds.dual.split_domains import prox_split_bounds
 from bounds.errors import UnsupportedOperationError
 from bounds.graph import Graph, Node
 from bounds.lp import planet_lp
@@ -35,6 +34,7 @@ from tests.bad_inputs.conftest import raises_where
 from tests.model_zoo import make
 from tests.relaxation_checks import check_all, random_boxes
 from tests.soundness import assert_contains, box_samples
+from verify.bab.relu.hard_bounder import prox_split_bounds
 
 D = torch.float64
 SLOPE = 0.1

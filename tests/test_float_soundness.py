@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import verify
-import verify.bab.input_split as bab
+import verify.bab.input.bounder as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
 from bounds.methods.crown import backward_bound, crown_intervals, default_lines
@@ -239,7 +239,7 @@ def test_relu_root_intervals_are_the_float64_ones_rounded_outwards():
     box = runner.target.box
     box = verify.Interval(box.lower.double(), box.upper.double())
     from bounds.methods.crown import crown_intervals
-    from verify.bab.relu_branching import flat_intervals
+    from verify.bab.relu.domains import flat_intervals
 
     exact = flat_intervals(crown_intervals(twin, box), runner.target.layout)
     assert (easy.base.lower.double() <= exact.lower).all()

@@ -28,9 +28,11 @@ from verify.bab import (
     solve_region,
     splitting_mode,
 )
+from verify.bab.branchers import RELU_BRANCHINGS
 from verify.bab.common import DeadlineReachedError
-from verify.bab.relu_branching import Layout, babsr_scores, branchable, side_slopes
-from verify.bab.relu_split import ReluBounder
+from verify.bab.relu.bounder import ReluBounder
+from verify.bab.relu.branching import babsr_scores, branchable, side_slopes
+from verify.bab.relu.domains import Layout
 from verify.cli.main import build_parser
 from verify.property import Polytope, Region, VnnlibProperty
 
@@ -278,7 +280,7 @@ def test_children_start_at_their_parents_bound_where_the_lower_line_was_used():
         assert torch.allclose(after, before.expand_as(after), atol=1e-5), (neuron, after, before)
 
 
-@pytest.mark.parametrize("branching", ["babsr", "fsb"])
+@pytest.mark.parametrize("branching", RELU_BRANCHINGS.names())
 def test_both_branchings_prove_an_unsat_case(branching, monkeypatch):
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     net, box, row, minimum = milp_case(3)

@@ -1,5 +1,6 @@
-"""Pre-activation bounds for the decomposition methods, chosen by name: `ibp`, `crown`,
-`alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set` and
+"""Pre-activation bounds for the decomposition methods: the intermediate-bounds capabilities of
+the bound methods (`IntermediateBounds`, registered with each method in `bounds.registry`):
+`ibp`, `crown`, `alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set` and
 `sp-fw`, the Anderson relaxation's, on ReLU chains): for each node
 that feeds a nonlinearity, in topological order, the problem truncated at that node (its
 ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation is not exact
@@ -13,10 +14,11 @@ re-bounded."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from torch import Tensor
 
-from bounds.dual import active_set, proximal, sp_fw, supergradient
+from bounds.dual import active_set
 from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
@@ -31,8 +33,6 @@ from bounds.methods.crown import (
 )
 from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
-
-INTERMEDIATE = ("ibp", "crown", "alpha-crown", "prox", "supergradient", "active-set", "sp-fw")
 
 
 def _tighten(
@@ -89,12 +89,6 @@ def _decomposition_bound(solve_fn, config, box: Interval, budget: Budget, deadli
     return bound
 
 
-ANDERSON_SOLVERS = {
-    "active-set": (active_set.solve, active_set.ActiveSetConfig),
-    "sp-fw": (sp_fw.solve, sp_fw.SpFwConfig),
-}
-
-
 def _anderson_bound(solve_fn, config, box: Interval, budget: Budget, deadline):
     """A dual solver of the Anderson relaxation (ReLU chains) from CROWN's Big-M duals."""
 
@@ -106,47 +100,93 @@ def _anderson_bound(solve_fn, config, box: Interval, budget: Budget, deadline):
     return bound
 
 
-def intermediate_intervals(
-    graph: Graph,
-    box: Interval,
-    C: Tensor,
-    kind: str,
-    iterations: int = 50,
-    given: dict[str, Interval] | None = None,
-    deadline: float | None = None,
-    start: str = "alpha-crown",
-) -> dict[str, Interval]:
-    """Intervals of every node by the method `kind` (see module docstring); `iterations` is
-    the decomposition solvers' budget per layer; `given` intervals are intersected in;
-    `deadline` (`time.monotonic()`): every stage stops by then, keeping valid intervals. The
-    dual solvers start from (and intersect with) the intervals of `start`: "alpha-crown"
-    (module docstring) or "crown" (for `given` intervals that are alpha-CROWN's already)."""
-    if start not in ("crown", "alpha-crown"):
-        raise ValueError(f"start must be 'crown' or 'alpha-crown', got {start!r}")
-    if kind == "ibp":
-        return graph.interval(box, given)
-    if kind == "crown":
-        return crown_intervals(graph, box, given, deadline)
-    if kind == "alpha-crown":
-        durations: list[float] = []  # CROWN's chunks predict alpha-CROWN's first pass
-        base = crown_intervals(graph, box, given, deadline, durations=durations)
-        config = AlphaCrownConfig()
-        return alpha_crown(
-            graph, box, C, config, intervals=base, deadline=deadline, durations=durations
-        )[2]
-    if kind not in INTERMEDIATE:
-        raise ValueError(f"intermediate must be one of {INTERMEDIATE}, got {kind!r}")
-    budget = Budget(iterations=iterations)
-    if kind in ANDERSON_SOLVERS:
-        anderson_layers(graph)  # a typed refusal up front for graphs it cannot take
-        solve_fn, config_type = ANDERSON_SOLVERS[kind]
-        bound = _anderson_bound(solve_fn, config_type(), box, budget, deadline)
-    else:
-        solve_fn, config = {
-            "prox": (proximal.solve, proximal.ProximalConfig()),
-            "supergradient": (supergradient.solve, supergradient.SupergradientConfig()),
-        }[kind]
-        bound = _decomposition_bound(solve_fn, config, box, budget, deadline)
-    if start == "alpha-crown":
-        given = intermediate_intervals(graph, box, C, start, given=given, deadline=deadline)
-    return decomposition_intervals(graph, decompose(graph), box, bound, given, deadline)
+class IntermediateBounds(Protocol):
+    """A bound method's intermediate-bounds capability (`bounds.registry.Method.intermediate`):
+    intervals of every node on `box` for the specs `C`; `iterations` is a dual solver's budget
+    per layer; `given` intervals are intersected in; `deadline` (`time.monotonic()`): every
+    stage stops by then, keeping valid intervals; `start`: the intervals a dual solver starts
+    from (and intersects with), None to start from `given` as they are."""
+
+    def __call__(
+        self, graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+        given: dict[str, Interval] | None = None, deadline: float | None = None,
+        start: IntermediateBounds | None = None,
+    ) -> dict[str, Interval]: ...  # fmt: skip
+
+
+def ibp_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """Interval bound propagation's intervals (`IntermediateBounds`)."""
+    return graph.interval(box, given)
+
+
+def crown_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """CROWN's intervals (`IntermediateBounds`)."""
+    return crown_intervals(graph, box, given, deadline)
+
+
+def alpha_crown_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """alpha-CROWN's intervals, its slopes optimised for `C` (`IntermediateBounds`; its
+    default iterations)."""
+    durations: list[float] = []  # CROWN's chunks predict alpha-CROWN's first pass
+    base = crown_intervals(graph, box, given, deadline, durations=durations)
+    config = AlphaCrownConfig()
+    return alpha_crown(
+        graph, box, C, config, intervals=base, deadline=deadline, durations=durations
+    )[2]
+
+
+def _dual_intermediate(make_bound: Callable[..., Any], refuse: Callable[[Graph], Any] | None):
+    """The `IntermediateBounds` of a dual solver: `make_bound(box, budget, deadline)` gives the
+    bound of a truncated problem (see `decomposition_intervals`); `refuse(graph)` raises a
+    typed refusal up front for graphs the solver cannot take."""
+
+    def intermediate(
+        graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+        given: dict[str, Interval] | None = None, deadline: float | None = None,
+        start: IntermediateBounds | None = None,
+    ) -> dict[str, Interval]:  # fmt: skip
+        budget = Budget(iterations=iterations)
+        if refuse is not None:
+            refuse(graph)
+        bound = make_bound(box, budget, deadline)
+        if start is not None:
+            given = start(graph, box, C, given=given, deadline=deadline)
+        return decomposition_intervals(graph, decompose(graph), box, bound, given, deadline)
+
+    return intermediate
+
+
+def decomposition_intermediate(
+    solve_fn: Callable[..., Any], config_type: type
+) -> IntermediateBounds:
+    """The intermediate bounds of a Lagrangian-decomposition solver (Planet relaxation; `prox`,
+    `supergradient`) with its default config (module docstring)."""
+    return _dual_intermediate(
+        lambda box, budget, deadline: _decomposition_bound(
+            solve_fn, config_type(), box, budget, deadline
+        ),
+        None,
+    )
+
+
+def anderson_intermediate(solve_fn: Callable[..., Any], config_type: type) -> IntermediateBounds:
+    """The intermediate bounds of a dual solver of the Anderson relaxation (`active-set`,
+    `sp-fw`; ReLU chains: a typed refusal up front for other graphs) with its default config."""
+    return _dual_intermediate(
+        lambda box, budget, deadline: _anderson_bound(
+            solve_fn, config_type(), box, budget, deadline
+        ),
+        anderson_layers,
+    )

@@ -1,26 +1,36 @@
 """Branch and bound on one VNN-LIB region (Bunel et al. 2020, "Branch and bound for piecewise
 linear neural network verification", JMLR).
 
-- `common.py`: the one search loop (`RegionSearch.run`) and step (`RegionSearch.step`), the
-  domain batches, the batch sizer, the float64 recheck and the outcome;
-- `protocols.py`: the `Bounder` and `Brancher` roles the step is written over;
-- `input_split.py`: input splitting (boxes), `RegionBab`;
-- `relu_split.py` and `relu_branching.py`: ReLU splitting (alpha-beta-CROWN, optionally
-  stratified with a tighter bounder on the domains predicted hard; BaBSR and FSB), `ReluBab`;
+- `search.py`: the one search (`Search`: its loop `run` and step `step`), composed of a
+  bounder, a brancher, an attacker and a clock; the counterexample checks;
+- `protocols.py`: the `Bounder`, `Brancher` and `Attacker` roles the search is written over;
+- `common.py`: the domain batches, the batch sizer, the float64 recheck and the outcome;
+- `branchers.py`: the branching heuristics by name;
+- `input/`: input splitting (boxes), `RegionBab`: domains, bounder (the bound methods through
+  their registry, `input/methods.py`), brancher (smear, widest), search;
+- `relu/`: ReLU splitting (alpha-beta-CROWN, optionally stratified with a tighter bounder on the
+  domains predicted hard; BaBSR and FSB), `ReluBab`: domains, root bounds, bounder, hard
+  bounder, stratified bounder, branching, brancher, warm starts, search;
 - `config.py`: `BabConfig` and `ReluSplitConfig`.
 
-`solve_region` picks input or ReLU splitting (`splitting_mode`).
+`solve_region` builds the network's graph once, picks input or ReLU splitting
+(`splitting_mode`) and runs that search on the graph.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from bounds.graph import Graph, build_graph
 from verify.bab.common import BatchSizer, RegionOutcome
 from verify.bab.config import SPLITTINGS, BabConfig, ReluSplitConfig
-from verify.bab.input_split import Domains, RegionBab
-from verify.bab.relu_split import ReluBab, ReluDomains, relu_only
+from verify.bab.input.domains import Domains
+from verify.bab.input.search import RegionBab
+from verify.bab.relu.domains import ReluDomains, relu_graph, relu_only
+from verify.bab.relu.search import ReluBab
 from verify.property import Region
+
+SEARCHES: dict[str, type[RegionBab] | type[ReluBab]] = {"input": RegionBab, "relu": ReluBab}
 
 __all__ = [
     "SPLITTINGS",
@@ -41,20 +51,29 @@ def solve_region(
     net: nn.Module, region: Region, deadline: float, config: BabConfig | None = None, seed: int = 0
 ) -> RegionOutcome:
     """Branch and bound on `region` until `deadline` (`time.monotonic()` seconds), splitting
-    inputs or ReLUs as `config.splitting` says (see `splitting_mode`)."""
+    inputs or ReLUs as `config.splitting` says (see `splitting_mode`); the network's graph is
+    built once, here, and given to the search."""
     config = config or BabConfig()
-    if splitting_mode(net, region, config) == "relu":
-        return ReluBab(net, region, config).run(deadline)
-    return RegionBab(net, region, config, seed).run(deadline)
+    graph = build_graph(net, input_shape(net, region))
+    search = SEARCHES[splitting_mode(net, region, config, graph)]
+    return search(net, region, config, seed, graph).run(deadline)
 
 
-def splitting_mode(net: nn.Module, region: Region, config: BabConfig) -> str:
+def input_shape(net: nn.Module, region: Region) -> tuple[int, ...]:
+    """The network's input shape (its `input_shape`, else the region's flat one)."""
+    return tuple(getattr(net, "input_shape", None) or (len(region.lower),))
+
+
+def splitting_mode(
+    net: nn.Module, region: Region, config: BabConfig, graph: Graph | None = None
+) -> str:
     """The splitting mode, "input" or "relu": `config.splitting` unless "auto", which splits
     inputs when there are at most `config.input_split_max_dims` of them (a few input splits
     tighten bounds a lot there) or when the network has other activations than ReLU, and ReLUs
-    otherwise."""
+    otherwise (`graph`: the network's when the caller has built it)."""
     if config.splitting != "auto":
         return config.splitting
-    if len(region.lower) <= config.input_split_max_dims or not relu_only(net, len(region.lower)):
+    if len(region.lower) <= config.input_split_max_dims:
         return "input"
-    return "relu"
+    relu = relu_only(net, len(region.lower)) if graph is None else relu_graph(graph)
+    return "relu" if relu else "input"

@@ -1,7 +1,7 @@
-"""Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the one search
-loop (`RegionSearch.run`), the outcome of one region, the deadline exception, the
-counterexample checks, the adaptive batch size, the outward-rounded root box and the float64
-side of the searches (`Float64Check`).
+"""Pieces shared by the input-splitting and the ReLU-splitting branch and bound: the domain
+batches, the outcome of one region, the deadline exception, the adaptive batch size, the
+outward-rounded root box and the float64 side of the searches (`Float64Check`). The one search
+loop is `verify.bab.search.Search`.
 
 Soundness under rounding: a search computes its bounds without tracking their rounding (in
 float32 for a float32 network), which can put a bound above the true minimum. A domain is
@@ -14,19 +14,18 @@ outwards to float32 for the search) and still exceeds the threshold; float64 net
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from bounds.graph import Graph
 from bounds.rounding import outward
 from bounds.types import Interval
-from verify.attack import UnsafeSpec, validate, violation
+from verify.attack import UnsafeSpec
 from verify.property import Region
 
 
@@ -36,6 +35,13 @@ class BatchLimits(Protocol):
     batch_size: int
     min_batch: int
     max_batch: int
+
+
+class Float64Settings(Protocol):
+    """The recheck fields of `BabConfig`."""
+
+    float64_recheck: bool
+    prune_tol: float
 
 
 class DeadlineReachedError(Exception):
@@ -60,6 +66,7 @@ class DomainBatch:
         return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
 
     def take(self: D, index: Tensor) -> D:
+        """The domains at `index` (in order)."""
         return type(self)(*(t[index] for t in self._fields()))
 
     def put(self: D, index: Tensor, other: D) -> D:
@@ -82,131 +89,8 @@ class DomainBatch:
 
     @classmethod
     def cat(cls: type[D], parts: list[D]) -> D:
+        """The domains of `parts`, concatenated."""
         return cls(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
-
-
-class RegionSearch(ABC):
-    """Base of the branch-and-bound searches: `run(deadline)` is the one search loop (over
-    `begin`, `step`, `too_many` and `unproven`, which subclasses implement); subclasses keep
-    `stats` and set `net`, `region`, `shape`, `spec` and `value_tol` (`value_tolerance`) for
-    the counterexample checks below."""
-
-    deadline: float
-    stats: dict
-    config: Any
-    sizer: BatchSizer
-    bounder: Any  # protocols.Bounder
-    brancher: Any  # protocols.Brancher
-    fanout: int  # children per parent
-    last_attack: float
-    started: float
-    net: nn.Module
-    region: Region
-    shape: tuple[int, ...]
-    spec: UnsafeSpec
-    value_tol: float
-
-    @staticmethod
-    def value_tolerance(spec: UnsafeSpec) -> float:
-        """Points whose float32 `violation` is below this are re-checked in float64."""
-        scale = float(spec.b.abs().max()) if spec.b.numel() else 0.0
-        return 1e-4 * (1 + scale)
-
-    def _violations(self, points: Tensor) -> Tensor:
-        """`violation` of the network's outputs at `points` (any leading shape, flattened)."""
-        with torch.no_grad():
-            return violation(self.net(points.reshape(-1, *self.shape)), self.spec)
-
-    def _validate_best(self, points: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
-        """The first of the 3 points of smallest `values` that validates (float64) as a
-        counterexample; None once a value is above `value_tol`."""
-        for i in values.argsort()[:3].tolist():
-            if values[i] > self.value_tol:
-                return None
-            found = validate(self.net, self.region, points[i : i + 1].reshape(1, *self.shape))
-            if found is not None:
-                return found
-        return None
-
-    def run(self, deadline: float) -> RegionOutcome:
-        """The one search loop of branch and bound, over the `Search` protocol: `begin`, then
-        `step` until no domain is open, a counterexample is found, the deadline passes
-        ("timeout") or `too_many` domains are open ("unknown"); no domain left makes the answer
-        "unsat", unless some were dropped without a proof (`unproven`: "unknown")."""
-        self.deadline = deadline
-        if time.monotonic() >= deadline:
-            return RegionOutcome("timeout", None, self.stats)
-        if not self.region.unsafe:  # no unsafe set: nothing to exclude
-            return RegionOutcome("unsat", None, self.stats)
-        try:
-            open_, found = self.begin()
-            while found is None and len(open_):
-                if time.monotonic() >= self.deadline:
-                    return RegionOutcome("timeout", None, self.stats)
-                if self.too_many(open_):
-                    return RegionOutcome("unknown", None, self.stats)
-                open_, found = self.step(open_)
-        except DeadlineReachedError:
-            return RegionOutcome("timeout", None, self.stats)
-        if found is not None:
-            return RegionOutcome("sat", found, self.stats)
-        return RegionOutcome("unknown" if self.unproven() else "unsat", None, self.stats)
-
-    # The `Search` protocol, implemented by the input- and ReLU-splitting searches (and driven
-    # step by step by the distributed shards, `verify.distributed`).
-
-    @abstractmethod
-    def begin(self) -> tuple[DomainBatch, Found]:
-        """The root: its open domains and a validated counterexample (or None)."""
-
-    def step(self, open_: DomainBatch) -> tuple[DomainBatch, Found]:
-        """One step on the open domains (the deadline must not have passed), over the
-        `Bounder` and `Brancher` protocols (`verify/bab/protocols.py`): pop the parents of
-        smallest margin (as many as `fanout` children each fit the batch), have `brancher` split
-        and bound them with `bounder`, try the children's points, attack now and then
-        (`_attack_due`, `_attack`), keep the open children. Returns the open domains after it
-        and a validated counterexample (or None)."""
-        left = self.deadline - time.monotonic()
-        parents, rest = open_.pop(max(1, self.sizer.allowed(left) // self.fanout))
-        tick = time.perf_counter()
-        got = self.brancher.children(parents, self.bounder)
-        found = got.found if got.found is not None else self._try_points(got.points)
-        if found is None and self._attack_due():
-            tick_attack = time.monotonic()
-            found = self._attack(got)
-            self.last_attack = time.monotonic()
-            self.stats["attack_seconds"] += self.last_attack - tick_attack
-            self.stats["attacks"] += 1
-        if found is not None:
-            return open_, found
-        self.sizer.record(got.bounded, time.perf_counter() - tick)
-        open_ = type(open_).cat([rest, got.domains])
-        self.stats["max_open"] = max(self.stats["max_open"], len(open_))
-        return open_, None
-
-    def _attack_due(self) -> bool:
-        """An attack every `attack_every` seconds, within 10% of the search time."""
-        now = time.monotonic()
-        due = now - self.last_attack >= self.config.attack_every
-        return due and self.stats["attack_seconds"] <= 0.1 * (now - self.started)
-
-    def _try_points(self, points: Tensor) -> Found:
-        """Evaluate `points [M, *input_shape]` (inside the box); validate the best ones."""
-        if not len(points):
-            return None
-        return self._validate_best(points, self._violations(points))
-
-    @abstractmethod
-    def _attack(self, children) -> Found:
-        """An attack (PGD) from the open `children` (`protocols.Children`)."""
-
-    @abstractmethod
-    def too_many(self, open_: DomainBatch) -> bool:
-        """Past the domain limit (the answer is then "unknown")."""
-
-    @abstractmethod
-    def unproven(self) -> int:
-        """How many domains were dropped without a proof."""
 
 
 @dataclass
@@ -248,6 +132,7 @@ class BatchSizer:
         self.first = seconds_per_domain
 
     def shrink(self) -> None:
+        """Halve the batch size (out of memory), forgetting the costs of larger sizes."""
         self.size = self.high = max(1, self.size // 2)
         self.low = min(self.low, self.size)
         self.cost = {k: v for k, v in self.cost.items() if k <= self.size}
@@ -302,6 +187,7 @@ def in_chunks(
 
 
 def is_out_of_memory(error: RuntimeError) -> bool:
+    """Whether `error` is torch's out-of-memory error."""
     return "out of memory" in str(error).lower()
 
 
@@ -322,7 +208,10 @@ class Float64Check:
     `stats`. `active`: False when `config.float64_recheck` is off (then `graph` and `spec` are
     the network's own)."""
 
-    def __init__(self, graph: Graph, region: Region, config, stats: dict, combine: bool):
+    def __init__(
+        self, graph: Graph, region: Region, config: Float64Settings, stats: dict[str, Any],
+        combine: bool,
+    ) -> None:  # fmt: skip
         consts = [t for n in graph.nodes[1:] for t in n.op.constants()]
         like = consts[0] if consts else torch.zeros(())
         self.active = bool(config.float64_recheck)
@@ -343,6 +232,7 @@ class Float64Check:
         return left > 0 and count * per <= left
 
     def record(self, checked: int, failed: int, seconds: float) -> None:
+        """Count `checked` rechecked domains, `failed` of them kept open, in `seconds`."""
         self.stats["rechecked"] += checked
         self.stats["recheck_failed"] += failed
         self.stats["recheck_seconds"] = round(self.stats["recheck_seconds"] + seconds, 4)

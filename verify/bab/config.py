@@ -6,14 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.methods.beta_crown import BetaCrownConfig
+from bounds.registry import methods_with
 from verify.attack import AttackConfig
-
-# the dual solvers of `bounds.dual.intermediate` that can tighten the root's intervals
-DUAL_ROOT_INTERMEDIATE = ("active-set", "sp-fw", "prox")
-
-BRANCHINGS = ("babsr", "fsb")
+from verify.bab.branchers import INPUT_BRANCHINGS, RELU_BRANCHINGS
 
 
 @dataclass(frozen=True)
@@ -26,7 +22,7 @@ class ReluSplitConfig:
     Adam steps for a domain with nothing left to split; max_memory_gb: the open domains' slopes
     and multipliers beyond which the answer is "unknown" (with `BabConfig.max_domains`);
     prox_iterations: iterations of the hard-domain bounder on the children of depth >=
-    prox_min_depth that alpha-beta-CROWN leaves open (0: off; see `ReluBab._prox`);
+    prox_min_depth that alpha-beta-CROWN leaves open (0: off; see `verify.bab.relu.stratified.HardBounder`);
     hard_bounder: that bounder, "prox" (the Planet relaxation by the proximal method: sweeps)
     or "active-set" (the Anderson relaxation, tighter than Planet: Adam steps; ReLU chains);
     hard_stall: the stratification (De Palma et al. 2021, "Scaling the convex barrier with
@@ -39,7 +35,7 @@ class ReluSplitConfig:
     layer, within root_share of the time left (it runs only when alpha-CROWN's root bound
     leaves a polytope open and no counterexample is known; graphs the solver cannot take skip
     it); hard_warm_start: the active-set hard bounder keeps the duals and cuts of the domains it
-    bounds and their descendants start from them (`verify.bab.warm`), at most
+    bounds and their descendants start from them (`verify.bab.relu.warm`), at most
     hard_warm_memory_gb of them (the oldest dropped beyond).
     Defaults measured on mnist_fc (FSB beat BaBSR there; 5 steps per child beat 10 and 20; the
     Anderson root bounds: 66 solved instead of 63 at 5% of the timeouts, none lost, and 4 more
@@ -67,12 +63,12 @@ class ReluSplitConfig:
     hard_warm_memory_gb: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.hard_bounder not in HARD_BOUNDERS:
-            raise ValueError(
-                f"hard_bounder must be one of {tuple(HARD_BOUNDERS)}, got {self.hard_bounder!r}"
-            )
-        if self.branching not in BRANCHINGS:
-            raise ValueError(f"branching must be one of {BRANCHINGS}, got {self.branching!r}")
+        hard = methods_with("hard_bounder")
+        if self.hard_bounder not in hard:
+            raise ValueError(f"hard_bounder must be one of {hard}, got {self.hard_bounder!r}")
+        if self.branching not in RELU_BRANCHINGS.names():
+            names = RELU_BRANCHINGS.names()
+            raise ValueError(f"branching must be one of {names}, got {self.branching!r}")
         if self.fsb_candidates < 1 or not 0 <= self.intermediate_share <= 1:
             raise ValueError("need fsb_candidates >= 1 and 0 <= intermediate_share <= 1")
         counts = (self.root_iterations, self.intermediate_iterations, self.iterations,
@@ -83,15 +79,16 @@ class ReluSplitConfig:
             raise ValueError("max_memory_gb and hard_warm_memory_gb must be > 0")
         if not self.stall_gain >= 0:
             raise ValueError("stall_gain must be >= 0")
-        if self.root_intermediate not in ("alpha-crown", *DUAL_ROOT_INTERMEDIATE):
+        root = ("alpha-crown", *methods_with("root_intermediate"))
+        if self.root_intermediate not in root:
             raise ValueError(
-                "root_intermediate must be one of "
-                f"{('alpha-crown', *DUAL_ROOT_INTERMEDIATE)}, got {self.root_intermediate!r}"
+                f"root_intermediate must be one of {root}, got {self.root_intermediate!r}"
             )
         if self.root_intermediate_iterations < 0 or not 0 < self.root_share <= 1:
             raise ValueError("need root_intermediate_iterations >= 0 and 0 < root_share <= 1")
 
     def bound_config(self, iterations: int) -> BetaCrownConfig:
+        """alpha-beta-CROWN's settings for `iterations` Adam steps."""
         return BetaCrownConfig(iterations=iterations, lr_alpha=self.lr_alpha, lr_beta=self.lr_beta)
 
 
@@ -150,8 +147,9 @@ class BabConfig:
     combine_rows: bool = True
 
     def __post_init__(self) -> None:
-        if self.branching not in ("smear", "widest"):
-            raise ValueError(f"branching must be 'smear' or 'widest', got {self.branching!r}")
+        if self.branching not in INPUT_BRANCHINGS.names():
+            names = INPUT_BRANCHINGS.names()
+            raise ValueError(f"branching must be one of {names}, got {self.branching!r}")
         if self.trial_dims < 1 or self.trial_score not in TRIAL_SCORES:
             raise ValueError(f"need trial_dims >= 1 and trial_score in {sorted(TRIAL_SCORES)}")
         if not 1 <= self.min_batch <= self.batch_size <= self.max_batch:

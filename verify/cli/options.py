@@ -13,11 +13,9 @@ from pathlib import Path
 
 import torch
 
-from bounds.dual.split_domains import HARD_BOUNDERS
 from bounds.errors import VerificationInputError
-from bounds.registry import available_methods
+from bounds.registry import available_methods, methods_with
 from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
-from verify.bab.config import DUAL_ROOT_INTERMEDIATE
 from verify.distributed.cluster import require_ray
 from verify.io.onnx_loader import load_onnx
 from verify.property import VnnlibProperty
@@ -99,7 +97,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--hard-bounder",
-        choices=tuple(HARD_BOUNDERS),
+        choices=methods_with("hard_bounder"),
         default=ReluSplitConfig.hard_bounder,
         help="ReLU splitting: the bounder of --prox-sweeps: prox (Planet relaxation) or "
         "active-set (Anderson relaxation, tighter; ReLU chains) "
@@ -123,7 +121,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--root-bounds",
-        choices=("alpha-crown", *DUAL_ROOT_INTERMEDIATE),
+        choices=("alpha-crown", *methods_with("root_intermediate")),
         default=ReluSplitConfig.root_intermediate,
         help="ReLU splitting: after alpha-CROWN, tighten the root's intermediate bounds by this "
         "dual solver (active-set, sp-fw: the Anderson relaxation, tighter than Planet; prox: "

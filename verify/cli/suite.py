@@ -67,7 +67,7 @@ class Settings:
     prox_sweeps: int
     device: str
     threads: int
-    hard_bounder: str = "prox"
+    hard_bounder: str = ReluSplitConfig.hard_bounder
     hard_stall: int = 0
     root_bounds: str = ReluSplitConfig.root_intermediate
     hard_warm_start: bool = ReluSplitConfig.hard_warm_start
@@ -155,7 +155,7 @@ def warm() -> int:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    bounder = getattr(args, "hard_bounder", "prox")
+    bounder = getattr(args, "hard_bounder", ReluSplitConfig.hard_bounder)
     stall = getattr(args, "hard_stall", 0)
     root = getattr(args, "root_bounds", ReluSplitConfig.root_intermediate)
     warm = getattr(args, "hard_warm_start", ReluSplitConfig.hard_warm_start)

@@ -3,14 +3,14 @@ what a shard worker (and the coordinator, until the workers are up) runs.
 
 `InputShard` is `verify.bab.RegionBab` and `ReluShard` is `verify.bab.ReluBab`; they add no
 bounding, pruning or counterexample logic of their own. A step is the serial search's own
-`step` (`verify.bab.common.RegionSearch.step`): pop the parents of smallest margin, branch and
+`step` (`verify.bab.search.Search.step`): pop the parents of smallest margin, branch and
 bound them (every closing bound confirmed in float64, the open children kept), try the open
 children's points, PGD now and then. So a domain is pruned by exactly the serial
 procedure, wherever it runs, and a shard's "no open domain left" means what the serial "unsat"
 means. Domains travel between processes as the searches' own dataclasses (`Domains`,
 `ReluDomains`: boxes, bounds, depths, and for ReLU splitting the splits with their warm-start
 slopes and multipliers), moved to the CPU (`portable`). The hard bounder's stored warm starts
-(`verify.bab.warm`) do not travel: a ReLU domain arriving at a worker has its id dropped
+(`verify.bab.relu.warm`) do not travel: a ReLU domain arriving at a worker has its id dropped
 (`ReluShard.receive`) and its hard bound starts from its slopes, as without warm starts.
 
 ReLU splitting needs the root's intermediate bounds (`base`, `base64`) on every worker: the
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bounds.graph import build_graph
 from bounds.types import Interval
 from verify.attack import find_counterexample
 from verify.bab import (
@@ -35,6 +36,7 @@ from verify.bab import (
     RegionBab,
     ReluBab,
     ReluDomains,
+    input_shape,
     solve_region,
     splitting_mode,
 )
@@ -138,11 +140,11 @@ def warm_up() -> None:
 def make_search(
     net: nn.Module, region: Region, config: BabConfig, seed: int
 ) -> tuple[InputShard | ReluShard, str]:
-    """The steppable search `splitting_mode` picks for `region`, and its mode name."""
-    mode = splitting_mode(net, region, config)
-    if mode == "relu":
-        return ReluShard(net, region, config, seed), mode
-    return InputShard(net, region, config, seed), mode
+    """The steppable search `splitting_mode` picks for `region`, and its mode name (the
+    network's graph built once, for both)."""
+    graph = build_graph(net, input_shape(net, region))
+    mode = splitting_mode(net, region, config, graph)
+    return (ReluShard if mode == "relu" else InputShard)(net, region, config, seed, graph), mode
 
 
 def search_for(

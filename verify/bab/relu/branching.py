@@ -1,5 +1,6 @@
-"""ReLU branching for branch and bound: the flat layout of a network's ReLU neurons and the
-scores that pick the neuron to split.
+"""ReLU branching for branch and bound: the scores that pick the neuron to split, and the
+registered neuron choices (`RELU_BRANCHINGS`: "babsr", "fsb"), picked by name once, when the
+search is configured.
 
 BaBSR (Bunel et al. 2020, JMLR, "Branch and bound for piecewise linear neural network
 verification", Sec. 5.1) estimates, from one backward pass of the domain's bound, how much
@@ -28,57 +29,23 @@ branching" bounds both children of the top candidates of each score and keeps th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from bounds.graph import Graph
-from bounds.types import Interval
+from bounds.methods.beta_crown import SplitBackward
+from bounds.methods.pacing import passed
+from verify.bab.branchers import RELU_BRANCHINGS
+from verify.bab.common import DeadlineReachedError
+from verify.bab.relu.domains import Layout, ReluDomains, Target
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The ReLU neurons of a network, flattened and concatenated in topological order:
-    `acts[k]` (activation node) fed by `pres[k]` (pre-activation node) of shape `shapes[k]`
-    occupies the flat slice `offsets[k] : offsets[k] + sizes[k]`."""
-
-    acts: tuple[str, ...]
-    pres: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-
-    @staticmethod
-    def of(graph: Graph, pairs: list[tuple[str, str]]) -> Layout:
-        shapes = tuple(tuple(graph[pre].shape) for _, pre in pairs)
-        sizes = tuple(int(torch.Size(s).numel()) for s in shapes)
-        offsets = tuple(sum(sizes[:k]) for k in range(len(sizes)))
-        acts = tuple(a for a, _ in pairs)
-        return Layout(acts, tuple(p for _, p in pairs), shapes, offsets, sizes)
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes)
-
-    def views(self, flat: Tensor, keys: tuple[str, ...]) -> dict[str, Tensor]:
-        """`flat [..., total]` -> per layer `[..., *shape]` keyed by `keys` (acts or pres)."""
-        lead = flat.shape[:-1]
-        return {
-            key: flat[..., o : o + n].reshape(*lead, *shape)
-            for key, o, n, shape in zip(keys, self.offsets, self.sizes, self.shapes)
-        }
-
-    def flatten(self, per_layer: dict[str, Tensor], keys: tuple[str, ...]) -> Tensor:
-        """Inverse of `views`: per-layer `[..., *shape]` -> `[..., total]`."""
-        parts = []
-        for key, shape, n in zip(keys, self.shapes, self.sizes):
-            t = per_layer[key]
-            parts.append(t.reshape(*t.shape[: t.dim() - len(shape)], n))
-        return torch.cat(parts, dim=-1)
-
-
-def with_split(splits, alpha, beta, lam, neuron, sign) -> tuple[Tensor, Tensor]:
+def with_split(
+    splits: Tensor, alpha: Tensor, beta: Tensor, lam: Tensor, neuron: Tensor, sign: Tensor
+) -> tuple[Tensor, Tensor]:
     """Copies of `splits [M, n]` and `beta [M, r, n]` with `neuron [M]` split to `sign [M]`.
     The new multiplier makes the child's functional equal to the parent's where the parent
     used the lower line `alpha xh` (`lam >= 0`): the coefficient reaching `xh` is then
@@ -92,17 +59,6 @@ def with_split(splits, alpha, beta, lam, neuron, sign) -> tuple[Tensor, Tensor]:
     active = (sign > 0).unsqueeze(1)
     beta[rows, :, neuron] = torch.where(active, lam_j * (1 - alpha_j), lam_j * alpha_j)
     return splits, beta
-
-
-def polytope_rows(spec) -> Tensor | None:
-    """`[P, r]` the row indices of each of the `UnsafeSpec`'s polytopes, padded by repeating
-    its first row (None when some polytope has no rows)."""
-    owner = spec.owner
-    index = [(owner == p).nonzero().flatten() for p in range(spec.n_polytopes)]
-    if not index or not all(len(i) for i in index):
-        return None
-    r = max(len(i) for i in index)
-    return torch.stack([torch.cat([i, i[:1].repeat(r - len(i))]) for i in index])
 
 
 def pre_biases(graph: Graph, layout: Layout, like: Tensor) -> Tensor:
@@ -142,7 +98,7 @@ def babsr_scores(
     return torch.where(mask, score, neg), torch.where(mask, gain, neg)
 
 
-def fsb_pick(splits: Tensor, cands: Tensor, margins) -> Tensor:
+def fsb_pick(splits: Tensor, cands: Tensor, margins: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
     """FSB's choice per domain among its candidates `cands [G, K]` (flat neurons): the one
     whose worse child has the best margin. `margins(child_splits [2GK, n], parent [2GK])` gives
     the children's one-pass bound margins `[2GK]` (the parents' slopes and multipliers, the new
@@ -170,8 +126,53 @@ def candidates(scores: tuple[Tensor, ...], k: int) -> Tensor:
     return torch.cat(picks, dim=1)
 
 
-def flat_intervals(base: dict[str, Interval], layout: Layout) -> Interval:
-    """The pre-activation intervals flattened to `[B, total]`."""
-    lower = layout.flatten({p: base[p].lower for p in layout.pres}, layout.pres)
-    upper = layout.flatten({p: base[p].upper for p in layout.pres}, layout.pres)
-    return Interval(lower, upper)
+class OnePass(Protocol):
+    """What FSB needs of the bounder: one alpha-beta-CROWN backward pass on domains."""
+
+    def one_pass(self, splits: Tensor, alpha: Tensor, beta: Tensor, C: Tensor) -> SplitBackward: ...
+
+
+@RELU_BRANCHINGS.register("babsr")
+class Babsr:
+    """BaBSR: per parent the neuron of best score (module docstring)."""
+
+    def __init__(self, target: Target, fsb_candidates: int) -> None:
+        self.t = target
+
+    def __call__(
+        self, parents: ReluDomains, score: Tensor, gain: Tensor, bounder: OnePass
+    ) -> Tensor:
+        return score.argmax(dim=1)
+
+
+@RELU_BRANCHINGS.register("fsb")
+class Fsb:
+    """FSB: per parent the best of the top `fsb_candidates` of BaBSR and of the intercept score,
+    judged by its two children's one-pass bounds (`fsb_pick`), in groups of the batch size
+    (deadline between)."""
+
+    def __init__(self, target: Target, fsb_candidates: int) -> None:
+        self.t, self.k = target, fsb_candidates
+
+    def __call__(
+        self, parents: ReluDomains, score: Tensor, gain: Tensor, bounder: OnePass
+    ) -> Tensor:
+        cands = candidates((score, gain), self.k)
+        t = self.t
+        k = cands.shape[1]
+        group = max(1, t.sizer.size // (2 * k))
+        picks = []
+        for start in range(0, len(parents), group):
+            if passed(t.deadline):
+                raise DeadlineReachedError
+            index = torch.arange(start, min(start + group, len(parents)), device=t.device)
+            part = parents.take(index)
+
+            def margins(splits: Tensor, rep: Tensor, part: ReluDomains = part) -> Tensor:
+                rows = t.rows_of[part.poly[rep]]
+                C = t.spec.C[rows]
+                lower = bounder.one_pass(splits, part.alpha[rep], part.beta[rep], C).lower
+                return (lower - t.spec.b[rows] - t.tol[rows]).amax(1)
+
+            picks.append(fsb_pick(part.splits, cands[index], margins))
+        return torch.cat(picks)

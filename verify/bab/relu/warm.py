@@ -2,7 +2,7 @@
 of the domains the active set bounded, which their children start from (De Palma, Behl, Bunel,
 Torr, Kumar, "Scaling the Convex Barrier with Active Sets", ICLR 2021, Sec. 5: in branch and
 bound, "children inherit the parent's duals and active sets"; the validity argument is in
-`bounds.dual.split_domains`).
+`verify.bab.relu.hard_bounder`).
 
 Bookkeeping: a domain holds only an id, `ReluDomains.warm [N]` int64 (-1: none), of the start
 its hard bound may begin from: its own once the hard bounder has bounded it, else its nearest
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from bounds.dual.anderson import Cuts, Duals, gather_slots
-from bounds.dual.split_domains import AndersonStart
+from verify.bab.relu.hard_bounder import AndersonStart
 
 # the active set's default schedule adds at most max_cuts x restrict = 6 x 32 cuts per layer
 MAX_CUTS = 192

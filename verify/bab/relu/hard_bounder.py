@@ -7,11 +7,13 @@ multipliers), started from the domain's slopes:
 - `active-set`: the Anderson relaxation by the dual active set from the Big-M duals of the
   slopes (De Palma et al., ICLR 2021; the OVAL framework bounds its hard subtrees so), on ReLU
   chains.
-`HARD_BOUNDERS[name] = (prepare, bound)`: `prepare(graph)` gives the network in the bounder's
-form (UnsupportedOperationError when it cannot take the graph), `bound(net, box, intervals, c,
-slopes, iterations, deadline, exact, warm)` the domains' bounds (`SplitBounds`).
+`HARD_BOUNDERS[name] = HardBound(prepare, bound)`, for the bound methods registered as hard
+bounders (`bounds.registry.methods_with("hard_bounder")`), by the relaxation they solve:
+`prepare(graph)` gives the network in the bounder's form (UnsupportedOperationError when it
+cannot take the graph), `bound(net, box, intervals, c, slopes, iterations, deadline, exact,
+warm)` the domains' bounds (`SplitBounds`).
 
-Warm starts (the bounders of `WARM_STARTS`): `bound` returns the duals it ended at
+Warm starts (the bounders of `WARM_STARTS`, the methods registered with `warm_start`): `bound` returns the duals it ended at
 (`SplitBounds.start`), and takes such duals of an earlier, larger domain (`warm`: the parent's,
 in branch and bound; De Palma et al. 2021, Sec. 5, "children inherit the parent's duals and
 active sets"). A child's relaxation is its parent's with some intervals narrowed (the split
@@ -24,7 +26,8 @@ starting bound."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -45,6 +48,7 @@ from bounds.dual.certified import certified_value
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.dual.proximal import ProximalConfig, solve
+from bounds.registry import Relaxation, get_method, methods_with
 from bounds.types import Interval
 
 
@@ -159,14 +163,26 @@ def _better_start(
     return init, warm.cuts, use
 
 
-WARM_STARTS = ("active-set",)  # the hard bounders that return and take warm starts
 # cut rounds of a warm-started solve (on top of the parent's cuts): with 60 iterations, 2 cost
 # what a cold start's 4 do and gave most of the 4's gain on mnist_fc children
 # (`benchmarks/warm_children.py`, `benchmarks/results/vnncomp_mnist_fc_warm.md`)
 WARM_ROUNDS = 2
 
 
-HARD_BOUNDERS = {
-    "prox": (decompose, prox_split_bounds),
-    "active-set": (anderson_layers, anderson_split_bounds),
+class HardBound(NamedTuple):
+    """A hard bounder: `prepare(graph)` the network in its form, `bound(...)` the domains'
+    bounds (module docstring)."""
+
+    prepare: Callable[[Any], Any]
+    bound: Callable[..., SplitBounds]
+
+
+# how split domains are bounded in each relaxation a bound method may declare
+BY_RELAXATION = {
+    Relaxation.PLANET: HardBound(decompose, prox_split_bounds),
+    Relaxation.ANDERSON: HardBound(anderson_layers, anderson_split_bounds),
 }
+HARD_BOUNDERS = {
+    name: BY_RELAXATION[get_method(name).relaxation] for name in methods_with("hard_bounder")
+}
+WARM_STARTS = methods_with("warm_start")  # the hard bounders that return and take warm starts
