@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from bounds.errors import VerificationInputError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
     backward_bound,

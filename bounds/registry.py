@@ -23,7 +23,7 @@ from bounds.dual.intermediate import intermediate_intervals
 from bounds.dual.proximal import ProximalConfig
 from bounds.dual.sp_fw import SpFwConfig
 from bounds.dual.supergradient import SupergradientConfig
-from bounds.lp import LpConfig, milp, planet_lp
+from bounds.lp.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
     crown,

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 import verify
-from bounds.anderson_lp import anderson_lp, anderson_lp_separated
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
 from bounds.dual.anderson import (
     Cuts,
@@ -25,7 +24,8 @@ from bounds.dual.anderson import (
     problem_from_graph,
 )
 from bounds.errors import UnsupportedOperationError
-from bounds.lp import LpConfig, planet_lp
+from bounds.lp.anderson_lp import anderson_lp, anderson_lp_separated
+from bounds.lp.lp import LpConfig, planet_lp
 from bounds.methods.crown import crown, crown_intervals, output_functional
 from bounds.types import Interval
 from tests.model_zoo import make

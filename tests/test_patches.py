@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.methods import crown
 from bounds.methods.alpha_crown import (
     AlphaCrownConfig,

@@ -17,7 +17,7 @@ from bounds.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.ops import ReshapeOp
 from verify.monitor_sums import SumRecorder, inplace_users
 

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from bounds.dual.dag import decompose
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.ops import UnaryAffineOp
 from bounds.types import Interval
 

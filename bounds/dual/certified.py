@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from bounds.dual.dag import Decomposition
-from bounds.graph import Graph, Node
+from bounds.graph.graph import Graph, Node
 from bounds.methods.crown import (
     backward_pass,
     lower_over,

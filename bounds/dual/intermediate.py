@@ -20,7 +20,7 @@ from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import (
     bound_in_chunks,

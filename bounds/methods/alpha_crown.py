@@ -30,7 +30,7 @@ from bounds.compile import (
     should_compile,
     step_function,
 )
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.crown import (
     ChunkLinesFn,
     Lines,

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from bounds.errors import at_node
-from bounds.graph import Graph, Node, node_interval
+from bounds.graph.graph import Graph, Node, node_interval
 from bounds.methods.pacing import Pacer, passed
 from bounds.methods.patches import (
     Windows,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown, crown_intervals
 from bounds.types import Budget, Interval, rounded_down

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.types import Interval
 
 

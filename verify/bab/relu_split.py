@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from bounds.dual.intermediate import intermediate_intervals
 from bounds.dual.split_domains import HARD_BOUNDERS, WARM_STARTS
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from bounds.methods import beta_crown
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.beta_crown import SplitResult

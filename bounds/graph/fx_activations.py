@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bounds.fx_common import Act, Builder, unsupported
+from bounds.graph.fx_common import Act, Builder, unsupported
 from bounds.ops import ActivationOp
 from relaxations import get_relaxation
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from bounds.dual.anderson import AndersonProblem
-from bounds.lp import _cvxpy, _silenced_stdout
+from bounds.lp.lp import _cvxpy, _silenced_stdout
 
 
 def _np(t: Tensor) -> np.ndarray:
