@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verify
 from benchmarks.common import DATA, RESULTS, region_margin, vnnlib_problems, write_json
-from bounds.dual.anderson import problem_from_graph
+from bounds.dual.anderson.problem import problem_from_graph
 from bounds.lp.anderson_lp import hull_lp
 from bounds.methods.crown import output_functional
 from bounds.types import Interval

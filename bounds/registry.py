@@ -13,8 +13,8 @@ from torch import Tensor
 
 from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
-from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
-from bounds.dual.anderson_certified import certified_anderson_value
+from bounds.dual.anderson.certified import certified_anderson_value
+from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_graph
 from bounds.dual.anytime import DualResult
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose

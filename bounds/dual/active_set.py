@@ -38,26 +38,26 @@ import torch
 from torch import Tensor
 
 from bounds.compile import should_compile, step_function
-from bounds.dual.anderson import (
-    AndersonProblem,
+from bounds.dual.anderson.cuts import (
     Cuts,
     CutTerms,
-    Duals,
     add_cuts,
-    candidate_rows,
-    candidates,
     cut_terms,
-    dual_value,
-    evaluate,
-    evaluate_stable,
     gather_slots,
     layer_support,
     no_cuts,
     row_support,
-    select_cuts_at,
-    slacks,
     sparse_terms,
 )
+from bounds.dual.anderson.evaluation import (
+    AndersonDuals,
+    dual_value,
+    evaluate,
+    evaluate_stable,
+    slacks,
+)
+from bounds.dual.anderson.problem import AndersonProblem
+from bounds.dual.anderson.separation import candidate_rows, candidates, select_cuts_at
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
 from bounds.optim import adam_ascent
 from bounds.types import Budget, rounded_down
@@ -108,7 +108,7 @@ class BigMConfig(ActiveSetConfig):
     max_cuts: int = 0
 
 
-def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
+def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> AndersonDuals:
     """Big-M duals whose `d` is the CROWN bound with lower slopes `slopes[k]` `[B, S, n_k]`
     (in [0, 1]) and the triangle's upper line, by one backward pass. With `mu` the coefficient
     of a neuron's output from above: `mu >= 0` takes `x >= a xh` (`alpha = a mu`; `mu` when
@@ -134,15 +134,15 @@ def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
         beta_u[k] = torch.where(~pos & ambiguous, above * lo / width, zero)
         above = layers.adjoint(k, alpha[k] - beta_l[k])
     empty = tuple(above.new_zeros(*above.shape[:2], 0) for _ in range(H))
-    return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
+    return AndersonDuals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
 
 
 class State(NamedTuple):
-    """The normalised duals `theta` `[B, S, N]` (all multipliers side by side, in `Duals.flat`
-    order; duals = theta * scale), their supergradient, Adam's moments and step count, the
-    best `d` per problem `[B, S]` with its theta, and the sums of the minimisers (x per layer,
-    z per hidden layer) since the last cut round with their count. One flat tensor keeps
-    Adam at a handful of ops per iteration."""
+    """The normalised duals `theta` `[B, S, N]` (all multipliers side by side, in
+    `AndersonDuals.flat` order; duals = theta * scale), their supergradient, Adam's moments
+    and step count, the best `d` per problem `[B, S]` with its theta, and the sums of the
+    minimisers (x per layer, z per hidden layer) since the last cut round with their count.
+    One flat tensor keeps Adam at a handful of ops per iteration."""
 
     theta: Tensor
     grad: Tensor
@@ -157,21 +157,22 @@ class State(NamedTuple):
 
 
 class Layout(NamedTuple):
-    """How `theta` splits into `Duals`: the segments' widths (`Duals.flat` order), the scale
-    of every entry `[B, S, N]`, and 1 where an entry may be nonzero (0: a padding cut)."""
+    """How `theta` splits into `AndersonDuals`: the segments' widths (`AndersonDuals.flat`
+    order), the scale of every entry `[B, S, N]`, and 1 where an entry may be nonzero (0: a
+    padding cut)."""
 
     sizes: tuple[int, ...]
     scale: Tensor
     active: Tensor
 
-    def duals(self, theta: Tensor) -> Duals:
-        return Duals.unflat(torch.split(theta * self.scale, self.sizes, -1))
+    def duals(self, theta: Tensor) -> AndersonDuals:
+        return AndersonDuals.unflat(torch.split(theta * self.scale, self.sizes, -1))
 
-    def flat(self, duals: Duals) -> Tensor:
+    def flat(self, duals: AndersonDuals) -> Tensor:
         return torch.cat(duals.flat(), -1)
 
 
-def _layer_scales(init: Duals) -> list[Tensor]:
+def _layer_scales(init: AndersonDuals) -> list[Tensor]:
     """Per hidden layer and problem `[B, S, 1]`: the mean magnitude of the layer's starting
     multipliers (floored by a millionth of the largest layer's)."""
     H = len(init.alpha)
@@ -325,19 +326,19 @@ class ActiveSetResult:
     the cuts they go with, and stats."""
 
     lower: Tensor
-    duals: Duals
+    duals: AndersonDuals
     cuts: tuple[Cuts, ...]
     stats: dict
 
     @property
-    def certificate(self) -> tuple[Duals, tuple[Cuts, ...]]:
+    def certificate(self) -> tuple[AndersonDuals, tuple[Cuts, ...]]:
         """The duals and cuts to certify this bound from
         (`bounds.dual.anderson_certified.certified_anderson_value`)."""
         return self.duals, self.cuts
 
 
 def solve(
-    p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,
+    p: AndersonProblem, config: ActiveSetConfig, init: AndersonDuals, budget: Budget | None = None,
     deadline: float | None = None, cuts: tuple[Cuts, ...] | None = None, rounds: int = 0,
 ) -> ActiveSetResult:  # fmt: skip
     """Maximise `d` from `init` (module docstring); never below `d(init)`. `cuts`: the
@@ -431,7 +432,7 @@ def solve(
         kept = start_value > value + 1e-12 * (1 + value.abs())
         if bool(kept.any()):
             start = layout.duals(start_theta)
-            best = Duals.unflat(
+            best = AndersonDuals.unflat(
                 tuple(torch.where(kept.unsqueeze(-1), a, b)
                       for a, b in zip(start.flat(), best.flat()))
             )  # fmt: skip

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from bounds.dual import active_set, proximal, sp_fw, supergradient
-from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
+from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph.graph import Graph

@@ -30,17 +30,17 @@ import torch
 from torch import Tensor
 
 from bounds.dual import active_set
-from bounds.dual.anderson import (
+from bounds.dual.anderson.certified import certified_anderson_value
+from bounds.dual.anderson.cuts import Cuts
+from bounds.dual.anderson.evaluation import AndersonDuals as Duals
+from bounds.dual.anderson.evaluation import dual_value
+from bounds.dual.anderson.problem import (
     AndersonProblem,
-    Cuts,
-    Duals,
     Layers,
     anderson_layers,
     anderson_slopes,
-    dual_value,
     problem_from_layers,
 )
-from bounds.dual.anderson_certified import certified_anderson_value
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals

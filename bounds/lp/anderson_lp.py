@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import AndersonProblem
+from bounds.dual.anderson.problem import AndersonProblem
 from bounds.lp.lp import _cvxpy, _silenced_stdout
 
 

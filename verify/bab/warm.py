@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import Cuts, Duals, gather_slots
+from bounds.dual.anderson.cuts import Cuts, gather_slots
+from bounds.dual.anderson.evaluation import AndersonDuals as Duals
 from bounds.dual.split_domains import AndersonStart
 
 # the active set's default schedule adds at most max_cuts x restrict = 6 x 32 cuts per layer

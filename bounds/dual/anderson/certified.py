@@ -29,7 +29,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import AndersonProblem, Cuts, Duals, no_cuts
+from bounds.dual.anderson.cuts import Cuts, no_cuts
+from bounds.dual.anderson.evaluation import AndersonDuals
+from bounds.dual.anderson.problem import AndersonProblem
 from bounds.methods.crown import add_rounding, lower_over, pairing
 from bounds.rounding import CONSTANT_ROUNDINGS, error_bound, lower_minus, magnitude
 from bounds.types import Interval, rounded_down
@@ -93,7 +95,9 @@ def _cut_constants(
     return W * inside.to(W.dtype), kappa, zeta, err_kappa, err_zeta
 
 
-def certified_anderson_value(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) -> Tensor:
+def certified_anderson_value(
+    p: AndersonProblem, cuts: tuple[Cuts, ...], d: AndersonDuals
+) -> Tensor:
     """A lower bound `[B, S]` of `min c . y` that holds in floating point: the Anderson dual at
     `d` with the cuts `cuts` (per hidden layer; `()` for none), certified (module docstring)."""
     dtype = p.c.dtype
