@@ -39,8 +39,8 @@ import torch
 from bounds.errors import VerificationInputError
 from bounds.graph.graph import build_graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.backward import backward_bound
 from bounds.methods.crown import (
-    backward_bound,
     crown_intervals,
     default_lines,
     interval_bound,

@@ -25,12 +25,12 @@ from bounds.dual.sp_fw import SpFwConfig
 from bounds.dual.supergradient import SupergradientConfig
 from bounds.lp.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.chunks import predicted_past
 from bounds.methods.crown import (
     crown,
     crown_intervals,
     interval_bound,
     output_functional,
-    predicted_past,
     split_output,
 )
 from bounds.methods.ibp import ibp

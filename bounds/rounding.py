@@ -29,7 +29,7 @@ every term is non-negative, so its computed value is at least `(1 - gamma) x` th
 A linear bound `A . v` pushed backward through the network (CROWN and its relatives) is a sum
 of such sums: each backward step's rounding, and each concretisation, is bounded the same way
 against magnitudes `m_v = max(|l_v|, |u_v|)` of the nodes' (sound) intervals; see
-`bounds.methods.crown.backward_pass`.
+`bounds.methods.backward.backward_pass`.
 
 Elementwise nonlinear functions (exp, tanh, sin, ...) come from the platform's math library;
 we assume each result within `ulps` units in the last place (`Relaxation.rounding_ulps`,

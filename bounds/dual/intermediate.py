@@ -22,13 +22,8 @@ from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
-from bounds.methods.crown import (
-    bound_in_chunks,
-    crown_intervals,
-    scatter_bounds,
-    unit_functionals,
-    unstable_indices,
-)
+from bounds.methods.chunks import bound_in_chunks, unit_functionals
+from bounds.methods.crown import crown_intervals, scatter_bounds, unstable_indices
 from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 

@@ -31,19 +31,14 @@ from bounds.compile import (
     step_function,
 )
 from bounds.graph.graph import Graph
+from bounds.methods.backward import Lines, LinesFn, backward_bound, relaxation_bounds
+from bounds.methods.chunks import ChunkLinesFn, neuron_chunk, predicted_past
 from bounds.methods.crown import (
-    ChunkLinesFn,
-    Lines,
-    LinesFn,
-    backward_bound,
     bound_neurons,
     crown_intervals,
     interval_bound,
     needs_crown,
-    neuron_chunk,
     output_functional,
-    predicted_past,
-    relaxation_bounds,
     scatter_bounds,
     split_output,
     straight_through,

@@ -41,7 +41,7 @@ from bounds.compile import (
     step_function,
 )
 from bounds.graph.graph import Graph
-from bounds.methods.crown import (
+from bounds.methods.backward import (
     backward_pass,
     output_interval,
     pairing,

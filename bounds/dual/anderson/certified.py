@@ -19,7 +19,7 @@ rounding (`bounds.rounding`: `gamma_k` times the computed sum of the terms' magn
   the difference, of the layer's adjoint (`BoundOp.backward_error`, against the magnitudes of
   IBP intervals from the box of `x_{k-1}`) and of the cuts' sums; a deviation `delta` of a
   coefficient of `x` moves the box minimum by at most `|delta| . max|x|`;
-- the box minima are `A+ l + A- u` with their error (`bounds.methods.crown.lower_over`).
+- the box minima are `A+ l + A- u` with their error (`bounds.methods.backward.lower_over`).
 Multipliers are clamped at 0 and padding cuts get 0 (any such point is a valid dual point).
 Computed in float64, rounded down to the problem's dtype.
 """
@@ -32,7 +32,7 @@ from torch import Tensor
 from bounds.dual.anderson.cuts import Cuts, no_cuts
 from bounds.dual.anderson.evaluation import AndersonDuals
 from bounds.dual.anderson.problem import AndersonProblem
-from bounds.methods.crown import add_rounding, lower_over, pairing
+from bounds.methods.backward import add_rounding, lower_over, pairing
 from bounds.rounding import CONSTANT_ROUNDINGS, error_bound, lower_minus, magnitude
 from bounds.types import Interval, rounded_down
 
