@@ -76,7 +76,10 @@ def add_rounding(total: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
     return new, error_bound(new.detach().abs(), 1, 1)
 
 
-def relax_rounding(A: Tensor, new_A, lines: Lines, size_in, size_out: Tensor, ulps: int) -> Tensor:
+def relax_rounding(
+    A: Tensor, new_A: Tensor | tuple[Tensor, ...], lines: Lines,
+    size_in: Tensor | tuple[Tensor, ...], size_out: Tensor, ulps: int,
+) -> Tensor:  # fmt: skip
     """A proven bound `[batch, specs]` on the rounding of `relax_backward(A, lines)` and of the
     lines themselves, as they enter a linear bound: the lines' formulas are within `ulps` ulps
     of exact ones, `|line(x) - exact| <= ulps u (|s| |x| + |t| + |f(x)|)` (`bounds.rounding`),
@@ -110,7 +113,9 @@ def relax_backward(A: Tensor, lines: Lines) -> tuple[Tensor | tuple[Tensor, ...]
     return new_A, pairing(pos, lines.lower_intercept) + pairing(neg, lines.upper_intercept)
 
 
-def relaxation_bounds(graph: Graph, act: str, intervals: dict[str, Interval], unsqueeze=False):
+def relaxation_bounds(
+    graph: Graph, act: str, intervals: dict[str, Interval], unsqueeze: bool = False
+) -> tuple[Tensor | tuple[Tensor, ...], Tensor | tuple[Tensor, ...]]:
     """The `(lower, upper)` that activation `act`'s relaxation takes, from its inputs'
     intervals (tensors, or tuples for a several-input op); `unsqueeze`: with a spec dimension
     (dim 1) inserted, to broadcast against `[batch, specs, *shape]` parameters."""

@@ -4,6 +4,7 @@ hidden layer stored per neuron as a mask over its inputs (`Cuts`), and their num
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -44,7 +45,7 @@ class Cuts(NamedTuple):
         )
 
 
-def gather_slots(order: Tensor):
+def gather_slots(order: Tensor) -> Callable[[Tensor], Tensor]:
     """`t` `[B, S, R, ...]` (a layer's cuts or their multipliers) -> its slots `order`
     `[B, S, R']` per problem."""
 
