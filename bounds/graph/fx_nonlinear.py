@@ -21,7 +21,6 @@ products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -178,7 +177,7 @@ def max_pool_module(b: Builder, node: str, x: Act, module: torch.nn.MaxPool2d) -
                       module.dilation, module.ceil_mode, module.return_indices)  # fmt: skip
 
 
-def binary(kind: str) -> Callable[[Builder, str, Any, Any], Act]:
+def binary(kind: str):
     """fx handler for `torch.maximum` / `torch.minimum` of two activations."""
 
     def handler(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
