@@ -6,6 +6,11 @@ adjoint (bias terms collected), activations by the relaxation's lines chosen by 
 coefficient, and at the input it is minimised over the box in closed form. Pre-activation bounds
 are computed node by node in topological order (IBP, then CROWN on the neurons IBP leaves
 ambiguous; the intersection of both is kept).
+
+The backward pass itself and its rounding are in `bounds.methods.backward`, the chunking of a
+layer's neurons and the deadline in `bounds.methods.chunks`; here: the neurons' bounds (dense,
+from a fully connected layer's rows, or in patches mode on a convolution's windows), CROWN's
+intervals and its bounds on the output.
 """
 
 from __future__ import annotations
