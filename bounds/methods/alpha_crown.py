@@ -361,6 +361,27 @@ def _stats(
     return final, stats
 
 
+def _result(
+    problem: _Problem, final: dict[tuple[str, str], Tensor], state: AlphaState, stats: dict,
+    exact: bool, pacer: Pacer,
+) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:  # fmt: skip
+    """`alpha_crown`'s result after the optimisation: the iterations' own bounds (not
+    `exact`), the output's interval when the exact pass would end past the deadline, else the
+    exact pass's (`_sound_pass`)."""
+    graph, C, base, stop_at = problem.graph, problem.C, problem.base, pacer.deadline
+    if not exact:
+        names = [n.name for n in graph.nodes]
+        best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
+        return *split_output(state.best), best, stats
+    if stop_at is not None and time.monotonic() + max(pacer.durations, default=0.0) > stop_at:
+        # the exact pass (about an iteration's time) would end past the deadline: the output's
+        # interval from the exact intervals the call started from
+        result = interval_bound(C, base[graph.output.name])
+        return *split_output(result), base, stats
+    result, sound_intervals = _sound_pass(problem, final, state)
+    return *split_output(result), sound_intervals, stats
+
+
 def alpha_crown(
     graph: Graph,
     box: Interval,
@@ -429,17 +450,7 @@ def alpha_crown(
         problem, state, step, lr, config, iterations, use, pacer, start_time
     )
     final, stats = _stats(problem, state, evaluated, trajectory, it)
-    if not exact:
-        names = [n.name for n in graph.nodes]
-        best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
-        return *split_output(state.best), best, stats
-    if stop_at is not None and time.monotonic() + max(pacer.durations, default=0.0) > stop_at:
-        # the exact pass (about an iteration's time) would end past the deadline: the output's
-        # interval from the exact intervals the call started from
-        result = interval_bound(C, base[graph.output.name])
-        return *split_output(result), base, stats
-    result, sound_intervals = _sound_pass(problem, final, state)
-    return *split_output(result), sound_intervals, stats
+    return _result(problem, final, state, stats, exact, pacer)
 
 
 def _sound_pass(p: _Problem, final: dict, state: AlphaState) -> tuple[Tensor, dict[str, Interval]]:
