@@ -6,7 +6,7 @@ bounds leaves open by less than 0.01), per region, three margins (> 0: proven):
   settings of `beyond_planet_proven_acas_i300.md` (300 iterations, 12 cut rounds, 200
   intermediate iterations a layer);
 - `hull LP, same intervals`: the exact optimum of the Anderson relaxation for the last layer
-  (`bounds.anderson_lp.hull_lp`, cutting planes until no cut is violated) with the
+  (`bounds.lp.anderson_lp.hull_lp`, cutting planes until no cut is violated) with the
   active-set's intermediate bounds: what any final-layer solver of this relaxation can reach;
 - `hull LP, LP intervals`: the same after every ambiguous neuron's bounds are tightened layer
   by layer by the exact Anderson LP (its min and max over the relaxation of the layers before,
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verify
 from benchmarks.common import DATA, RESULTS, region_margin, vnnlib_problems, write_json
-from bounds.anderson_lp import hull_lp
-from bounds.dual.anderson import problem_from_graph
+from bounds.dual.anderson.problem import problem_from_graph
+from bounds.lp.anderson_lp import hull_lp
 from bounds.methods.crown import output_functional
 from bounds.types import Interval
 

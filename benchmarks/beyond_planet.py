@@ -51,8 +51,8 @@ from bounds.dual import (
     proximal,
     sp_fw,
 )
-from bounds.dual.anderson import anderson_slopes, problem_from_graph
-from bounds.lp import LpConfig, planet_lp
+from bounds.dual.anderson.problem import anderson_slopes, problem_from_graph
+from bounds.lp.lp import LpConfig, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval

@@ -16,7 +16,7 @@ from bounds.dual import decompose, initial_duals, problem_from_intervals, proxim
 from bounds.methods import alpha_crown as ac
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
-from kernels.prox_relu_block import prox_relu_oracle_reference
+from kernels.prox_relu_reference import prox_relu_oracle_reference
 
 SHAPES = {"acas": (5, [50] * 6, 5, 0.3), "mnist": (784, [256] * 4, 10, 0.02)}
 

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from bounds.errors import VerificationInputError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.backward import backward_bound
 from bounds.methods.crown import (
-    backward_bound,
     crown_intervals,
     default_lines,
     interval_bound,

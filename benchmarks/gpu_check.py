@@ -186,7 +186,7 @@ def _anderson_run(device: torch.device, size: dict, batch: int, method: str, see
     (float32, CROWN intermediate bounds and start), `size['iters']` iterations; returns the
     bound and the solver's seconds (synchronised)."""
     from bounds.dual import active_set, sp_fw
-    from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
+    from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_graph
 
     net = cifar_wide_like(size["side"])
     graph = verify.network_graph(net, (3, size["side"], size["side"])).to(torch.float32, device)

@@ -30,7 +30,8 @@ if not torch.cuda.is_available():  # the interpreter must be chosen before kerne
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels import backend
-from kernels import prox_relu_block as K
+from kernels import prox_relu_reference as KR
+from kernels import prox_relu_triton as KT
 
 FULL = {"batch": 1024, "specs": 1, "channels": 32, "side": 16, "iters": 30, "copy_mib": 1024}
 SMOKE = {"batch": 3, "specs": 2, "channels": 2, "side": 5, "iters": 1, "copy_mib": 4}
@@ -77,11 +78,11 @@ def implementations(compiled: bool) -> dict[str, tuple[Callable, Callable, Calla
     """`impl -> (neg_rho, oracle, update)` with the positional arguments of the references."""
     impls = {
         "reference": (
-            K.prox_neg_rho_reference,
-            K.prox_relu_oracle_reference,
-            K.prox_block_update_reference,
+            KR.prox_neg_rho_reference,
+            KR.prox_relu_oracle_reference,
+            KR.prox_block_update_reference,
         ),
-        "triton": (K.prox_neg_rho_triton, K.prox_relu_oracle_triton, K.prox_block_update_triton),
+        "triton": (KT.prox_neg_rho_triton, KT.prox_relu_oracle_triton, KT.prox_block_update_triton),
     }
     if compiled:
         impls["compiled"] = tuple(torch.compile(f, dynamic=False) for f in impls["reference"])
@@ -175,10 +176,10 @@ def copy_bandwidth(size: dict, device: torch.device) -> dict:
 def check(t: dict[str, Tensor]) -> list[dict]:
     """Triton vs reference on the benchmark inputs."""
     rows = []
-    ref_coeff = K.prox_neg_rho_reference(*_neg_rho_args(t))
-    got_coeff = K.prox_neg_rho_triton(*_neg_rho_args(t))
-    ref = K.prox_relu_oracle_reference(*_oracle_args(t))
-    got = K.prox_relu_oracle_triton(*_oracle_args(t))
+    ref_coeff = KR.prox_neg_rho_reference(*_neg_rho_args(t))
+    got_coeff = KT.prox_neg_rho_triton(*_neg_rho_args(t))
+    ref = KR.prox_relu_oracle_reference(*_oracle_args(t))
+    got = KT.prox_relu_oracle_triton(*_oracle_args(t))
     exact = {"neg_rho": (got_coeff, ref_coeff), "oracle xhB_cg": (got[0], ref[0])}
     exact["oracle x_cg"] = (got[1], ref[1])
     for case, (a, b) in exact.items():
@@ -186,7 +187,7 @@ def check(t: dict[str, Tensor]) -> list[dict]:
         rows.append({"case": f"check {case}", "mismatches": mismatches, "ok": mismatches == 0})
     update_args = _update_args(t, ref, ref_coeff)
     close = {"oracle sums": (got[2:], ref[2:])}
-    close["update"] = (K.prox_block_update_triton(*update_args), K.prox_block_update_reference(*update_args))  # fmt: skip
+    close["update"] = (KT.prox_block_update_triton(*update_args), KR.prox_block_update_reference(*update_args))  # fmt: skip
     for case, (a, b) in close.items():
         err = max(float((x - y).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b))
         scale = max(float(y.abs().max()) if y.numel() else 0.0 for y in b)
@@ -196,8 +197,8 @@ def check(t: dict[str, Tensor]) -> list[dict]:
 
 def _cases(impl, t: dict[str, Tensor]) -> dict[str, Callable[[], object]]:
     neg_rho, oracle, update = impl
-    oracle_out = K.prox_relu_oracle_reference(*_oracle_args(t))
-    coeff = K.prox_neg_rho_reference(*_neg_rho_args(t))
+    oracle_out = KR.prox_relu_oracle_reference(*_oracle_args(t))
+    coeff = KR.prox_neg_rho_reference(*_neg_rho_args(t))
     return {
         "neg_rho": lambda: neg_rho(*_neg_rho_args(t)),
         "oracle": lambda: oracle(*_oracle_args(t)),

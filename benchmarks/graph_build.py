@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verify
 from benchmarks.common import DATA, RESULTS
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 
 NETS = {
     "acasxu 1_1": "vnncomp2022/acasxu/onnx/ACASXU_run2a_1_1_batch_2000.onnx.gz",

@@ -43,7 +43,7 @@ from bounds.dual import (
     proximal,
     supergradient,
 )
-from bounds.lp import planet_lp
+from bounds.lp.lp import planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval

@@ -1,6 +1,6 @@
 """Bound computation: network graph, layer operators, bound methods, exact LP/MILP references."""
 
-from bounds.graph import Graph, Node, build_graph
+from bounds.graph.graph import Graph, Node, build_graph
 from bounds.registry import available_methods, get_method
 from bounds.types import Bounds, Budget, Interval
 

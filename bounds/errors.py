@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class InvalidLimitError(VerificationInputError):
     number (names the limit and its value)."""
 
 
-def at_node(operation: str, node: str, fn: Callable[..., T], *args) -> T:
+def at_node(operation: str, node: str, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)`, with a relaxation's ValueError (a box outside its function's domain, e.g.
     a reciprocal's input interval containing 0, or no finite line: an overflow) raised as
     UnsupportedOperationError naming the operation and the node."""

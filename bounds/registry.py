@@ -21,8 +21,8 @@ from torch import Tensor
 
 from bounds.dual import active_set, proximal, sp_fw, supergradient
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes
-from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_graph
-from bounds.dual.anderson_certified import certified_anderson_value
+from bounds.dual.anderson.certified import certified_anderson_value
+from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_graph
 from bounds.dual.anytime import DualResult
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose
@@ -38,15 +38,15 @@ from bounds.dual.intermediate import (
 from bounds.dual.proximal import ProximalConfig
 from bounds.dual.sp_fw import SpFwConfig
 from bounds.dual.supergradient import SupergradientConfig
-from bounds.graph import Graph
-from bounds.lp import LpConfig, milp, planet_lp
+from bounds.graph.graph import Graph
+from bounds.lp.lp import LpConfig, milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
+from bounds.methods.chunks import predicted_past
 from bounds.methods.crown import (
     crown,
     crown_intervals,
     interval_bound,
     output_functional,
-    predicted_past,
     split_output,
 )
 from bounds.methods.ibp import ibp
@@ -249,7 +249,7 @@ def _certified_run(
 ):  # fmt: skip
     """A dual method's result with its reported bound certified in floating point: the
     solvers' values hold in exact arithmetic only, so the bound is `certify(point)` at the
-    result's `certificate` (`bounds.dual.certified`, `bounds.dual.anderson_certified`), never
+    result's `certificate` (`bounds.dual.certified`, `bounds.dual.anderson.certified`), never
     below `floor` nor `certify(start_point)`. That pass is timed once at the start and kept
     back from `solve(deadline)`'s time; when the time is gone (before the solver, or before
     the last pass) the bounds already certified are kept."""

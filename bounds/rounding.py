@@ -29,7 +29,7 @@ every term is non-negative, so its computed value is at least `(1 - gamma) x` th
 A linear bound `A . v` pushed backward through the network (CROWN and its relatives) is a sum
 of such sums: each backward step's rounding, and each concretisation, is bounded the same way
 against magnitudes `m_v = max(|l_v|, |u_v|)` of the nodes' (sound) intervals; see
-`bounds.methods.crown.backward_pass`.
+`bounds.methods.backward.backward_pass`.
 
 Elementwise nonlinear functions (exp, tanh, sin, ...) come from the platform's math library;
 we assume each result within `ulps` units in the last place (`Relaxation.rounding_ulps`,
@@ -53,11 +53,16 @@ Inductor's rewrites change the number of roundings per term beyond `n + 2`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from bounds.types import Interval, rounded_down, rounded_up
+
+if TYPE_CHECKING:  # the graph's module imports the ops, which import this one
+    from bounds.graph.graph import Graph
 
 CONSTANT_ROUNDINGS = 8  # roundings allowed in constants derived from the stored weights
 DEFAULT_ULPS = 8  # accuracy assumed of elementwise library functions
@@ -161,7 +166,10 @@ def intervals_outward(intervals: dict[str, Interval], dtype: torch.dtype) -> dic
     return {k: outward(iv, dtype) for k, iv in intervals.items()}
 
 
-def bounds_in_float64(method, graph, box: Interval, C: Tensor, given, *args):
+def bounds_in_float64(
+    method: Callable[..., tuple[Tensor, Tensor, dict[str, Interval]]], graph: Graph,
+    box: Interval, C: Tensor, given: dict[str, Interval] | None, *args: Any,
+) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
     """`method(graph, box, C, given, *args) -> (lower, upper, intervals)` evaluated on the
     float64 copy of `graph` (`Graph.float64`), its results rounded outward to `box`'s dtype:
     how a float32 network's bounds are computed."""

@@ -15,9 +15,10 @@ the reference and ``use_triton=True`` raises a clear error.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ def _mode_from_env() -> str:
 _MODE = _mode_from_env()
 
 
-def jit(fn):
+def jit(fn: Callable[..., Any]) -> Any:
     """``triton.jit`` when Triton is installed; otherwise the plain function (never launched)."""
     return triton.jit(fn) if HAS_TRITON else fn
 

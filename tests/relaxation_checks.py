@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 import verify
-from bounds.graph import Graph, Node
+from bounds.graph.graph import Graph, Node
 from bounds.ops import ActivationOp, LinearOp
 from relaxations.base import Relaxation, polygon_vertices
 from tests.soundness import assert_contains, box_samples

@@ -11,21 +11,15 @@ import torch
 from torch import nn
 
 import verify
-from bounds.anderson_lp import anderson_lp, anderson_lp_separated
 from bounds.dual.active_set import ActiveSetConfig, BigMConfig, big_m_from_slopes, solve
-from bounds.dual.anderson import (
-    Cuts,
-    Duals,
-    anderson_slopes,
-    candidates,
-    cut_terms,
-    evaluate,
-    most_violated,
-    no_cuts,
-    problem_from_graph,
-)
+from bounds.dual.anderson.cuts import Cuts, cut_terms, no_cuts
+from bounds.dual.anderson.evaluation import AndersonDuals as Duals
+from bounds.dual.anderson.evaluation import evaluate
+from bounds.dual.anderson.problem import anderson_slopes, problem_from_graph
+from bounds.dual.anderson.separation import candidates, most_violated
 from bounds.errors import UnsupportedOperationError
-from bounds.lp import LpConfig, planet_lp
+from bounds.lp.anderson_lp import anderson_lp, anderson_lp_separated
+from bounds.lp.lp import LpConfig, planet_lp
 from bounds.methods.crown import crown, crown_intervals, output_functional
 from bounds.registry import Relaxation, get_method, methods_with
 from bounds.types import Interval
@@ -327,7 +321,9 @@ def _small_conv():
 def test_sparse_cuts_on_convolutions_equal_the_dense_ones():
     """Conv rows are kept on their kernel windows (`CutTerms.support`): the oracle picks the
     same constraints and the terms give the same dual value as the dense ones."""
-    from bounds.dual.anderson import dual_value, layer_support, row_support, select_cuts
+    from bounds.dual.anderson.cuts import layer_support, row_support
+    from bounds.dual.anderson.evaluation import dual_value
+    from bounds.dual.anderson.separation import select_cuts
 
     net, shape = _small_conv()
     graph = network_graph(net, shape)

@@ -1,4 +1,4 @@
-"""The Anderson dual's certified value (bounds/dual/anderson_certified.py): at any duals and
+"""The Anderson dual's certified value (bounds/dual/anderson/certified.py): at any duals and
 cuts it is at most the solvers' float64 value and within rounding of it; it recomputes the
 cuts' constants itself, so a solver working with wrong constants cannot make a reported bound
 unsound; and the public Anderson methods contain exact values on the float-trap zoo."""
@@ -8,11 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bounds.dual.anderson as anderson
+import bounds.dual.anderson.cuts as anderson
 import verify
 from bounds.dual.active_set import ActiveSetConfig, big_m_from_slopes, solve
-from bounds.dual.anderson import Duals, anderson_slopes, dual_value, no_cuts, problem_from_graph
-from bounds.dual.anderson_certified import certified_anderson_value
+from bounds.dual.anderson.certified import certified_anderson_value
+from bounds.dual.anderson.cuts import no_cuts
+from bounds.dual.anderson.evaluation import AndersonDuals as Duals
+from bounds.dual.anderson.evaluation import dual_value
+from bounds.dual.anderson.problem import anderson_slopes, problem_from_graph
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 from tests.model_zoo import make

@@ -14,13 +14,9 @@ import torch
 import verify
 import verify.verifier as verifier
 from bounds.dual.active_set import ActiveSetConfig, big_m_from_slopes, solve
-from bounds.dual.anderson import (
-    anderson_slopes,
-    dual_value,
-    no_cuts,
-    problem_from_graph,
-    problem_from_layers,
-)
+from bounds.dual.anderson.cuts import no_cuts
+from bounds.dual.anderson.evaluation import dual_value
+from bounds.dual.anderson.problem import anderson_slopes, problem_from_graph, problem_from_layers
 from bounds.methods.crown import crown_intervals, output_functional
 from bounds.types import Interval
 from tests.test_bab_stratified import small_runner

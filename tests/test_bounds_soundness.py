@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import verify
-from bounds.lp import milp, planet_lp
+from bounds.lp.lp import milp, planet_lp
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown
 from tests.model_zoo import ZOO, make

@@ -19,7 +19,7 @@ from bounds.dual import (
     proximal,
     supergradient,
 )
-from bounds.lp import planet_lp
+from bounds.lp.lp import planet_lp
 from bounds.methods.crown import crown, output_functional
 from bounds.types import Budget, Interval
 from tests.model_zoo import make

@@ -23,8 +23,8 @@ from bounds.dual import (
 from bounds.dual.dag import pull_back, push_forward
 from bounds.dual.decomposition import oracle, pair_coefficients, solve_block
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph, Node
-from bounds.lp import planet_lp
+from bounds.graph.graph import Graph, Node
+from bounds.lp.lp import planet_lp
 from bounds.methods.crown import crown, output_functional
 from bounds.ops import ActivationOp, BoundOp
 from bounds.types import Interval

@@ -21,7 +21,8 @@ import verify
 import verify.bab.input.bounder as bab
 import verify.verifier as verifier
 from bounds.methods import beta_crown
-from bounds.methods.crown import backward_bound, crown_intervals, default_lines
+from bounds.methods.backward import backward_bound
+from bounds.methods.crown import crown_intervals, default_lines
 from bounds.rounding import outward
 from bounds.types import Interval, rounded_down, rounded_up
 from tests.test_relu_bab import mlp

@@ -11,7 +11,7 @@ from torch import nn
 
 import verify
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from relaxations.registry import spellings
 from tests.soundness import assert_contains, box_samples
 

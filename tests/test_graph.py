@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bounds.errors import InvalidNetworkError, ShapeMismatchError, UnsupportedOperationError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from tests.model_zoo import ZOO, make
 
 

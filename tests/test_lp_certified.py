@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bounds.lp
+import bounds.lp.lp
 import verify
-from bounds.lp import milp, planet_lp
+from bounds.lp.lp import milp, planet_lp
 from bounds.methods.crown import crown
 from bounds.types import Interval
 from tests.model_zoo import make, make_trap
@@ -47,13 +47,13 @@ def test_a_wrong_optimum_from_the_solver_does_not_reach_the_bound(monkeypatch):
     LP's duals are read)."""
     graph, box, C, intervals = _case("mlp", seed=2)
     honest_low, honest_up, _ = planet_lp(graph, box, C, intervals)
-    solve = bounds.lp._solve
+    solve = bounds.lp.lp._solve
 
     def wrong(*args, **kwargs):
         value = solve(*args, **kwargs)
         return None if value is None else value + 1.0
 
-    monkeypatch.setattr(bounds.lp, "_solve", wrong)
+    monkeypatch.setattr(bounds.lp.lp, "_solve", wrong)
     lower, upper, stats = planet_lp(graph, box, C, intervals)
     assert (stats["raw"][:, :2] >= honest_low + 0.99).all()  # the solver's values were wrong
     torch.testing.assert_close(lower, honest_low, rtol=0, atol=1e-12)

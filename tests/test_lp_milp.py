@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import Tensor
 
-import bounds.lp
+import bounds.lp.lp
 import verify
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph
-from bounds.lp import _affine_matrices, milp, planet_lp
+from bounds.graph.graph import Graph
+from bounds.lp.lp import _affine_matrices, milp, planet_lp
 from bounds.methods.crown import crown
 from bounds.ops import ConcatOp
 from bounds.types import Interval
@@ -52,7 +52,7 @@ def _case(name: str, eps: float, seed: int = 0):
 
 def _disjunctive_relu(monkeypatch) -> None:
     """Make ReLU take the generic pieces encoding instead of its big-M fast path."""
-    monkeypatch.setattr(bounds.lp, "RELU_PIECES", None)
+    monkeypatch.setattr(bounds.lp.lp, "RELU_PIECES", None)
 
 
 @pytest.mark.parametrize("name, eps", NETS)
@@ -60,8 +60,8 @@ def test_pieces_give_the_big_m_optimum(name, eps, monkeypatch):
     """ReLU's pieces through the disjunctive encoding and through big-M: one optimum."""
     graph, box, C, intervals = _case(name, eps)
     calls = []
-    real = bounds.lp._big_m_constraints
-    monkeypatch.setattr(bounds.lp, "_big_m_constraints", lambda *a: calls.append(1) or real(*a))
+    real = bounds.lp.lp._big_m_constraints
+    monkeypatch.setattr(bounds.lp.lp, "_big_m_constraints", lambda *a: calls.append(1) or real(*a))
     _, _, big_m = milp(graph, box, C, intervals)
     assert calls  # ReLU went through big-M
     _disjunctive_relu(monkeypatch)
@@ -77,21 +77,21 @@ def test_a_neuron_covered_by_one_piece_gets_no_binary(monkeypatch):
     graph, box, C, intervals = _case("mlp", 1e-3)
     _disjunctive_relu(monkeypatch)
     booleans = []
-    real = bounds.lp._exact_constraints
+    real = bounds.lp.lp._exact_constraints
 
     def counting(cp, sp, node, var, pre_var, lower, upper):
         rows = real(cp, sp, node, var, pre_var, lower, upper)
         booleans.extend(v for r in rows for v in r.variables() if v.attributes["boolean"])
         return rows
 
-    monkeypatch.setattr(bounds.lp, "_exact_constraints", counting)
+    monkeypatch.setattr(bounds.lp.lp, "_exact_constraints", counting)
     stable = all(
         bool(((intervals[a.inputs[0]].lower >= 0) | (intervals[a.inputs[0]].upper <= 0)).all())
         for a in graph.activations()
     )
     assert stable
     _, _, exact = milp(graph, box, C, intervals)
-    _, _, lp = bounds.lp.planet_lp(graph, box, C, intervals)
+    _, _, lp = bounds.lp.lp.planet_lp(graph, box, C, intervals)
     assert not booleans
     torch.testing.assert_close(exact["raw"], lp["raw"], rtol=1e-7, atol=1e-7)
 

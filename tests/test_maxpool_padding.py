@@ -10,7 +10,7 @@ from torch import nn
 
 import verify
 from bounds.errors import UnsupportedOperationError, VerificationInputError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from tests.soundness import assert_contains, box_samples
 
 D = torch.float64

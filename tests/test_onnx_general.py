@@ -20,7 +20,7 @@ from bounds.errors import (
     ShapeMismatchError,
     UnsupportedOperationError,
 )
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from tests.bad_inputs.conftest import raises_where
 from tests.soundness import assert_contains, box_samples, spec_values
 from tests.test_onnx import DATA, assert_matches_ort, i64, n, ort_outputs, random_inputs, tensor

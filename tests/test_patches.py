@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.methods import crown
 from bounds.methods.alpha_crown import (
     AlphaCrownConfig,
@@ -19,15 +19,14 @@ from bounds.methods.alpha_crown import (
     _Problem,
     alpha_crown,
 )
+from bounds.methods.backward import backward_bound, relaxation_bounds
+from bounds.methods.chunks import unit_functionals
 from bounds.methods.crown import (
-    backward_bound,
     bound_neurons,
     crown_intervals,
     default_lines,
     needs_crown,
     patch_bound,
-    relaxation_bounds,
-    unit_functionals,
     unstable_indices,
     window_lines,
     windowed_activations,

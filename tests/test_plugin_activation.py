@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 import verify
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from relaxations import available_relaxations, unregister
 from relaxations.registry import register
 from relaxations.s_shaped import MonotoneSRelaxation

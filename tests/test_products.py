@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import verify
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.ops import ActivationOp, MultiActivationOp
 from relaxations import get_relaxation
 from tests.soundness import assert_contains, box_samples

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import verify
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from tests.soundness import assert_contains, box_samples
 
 D, F = torch.float64, torch.float32

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 import verify
-from bounds.anderson_lp import anderson_lp
 from bounds.dual import sp_fw
 from bounds.dual.active_set import BigMConfig
 from bounds.dual.active_set import solve as active_set_solve
-from bounds.dual.anderson import Cuts, Duals, dual_value, no_cuts
+from bounds.dual.anderson.cuts import Cuts, no_cuts
+from bounds.dual.anderson.evaluation import AndersonDuals as Duals
+from bounds.dual.anderson.evaluation import dual_value
 from bounds.dual.sp_fw import SpFwConfig, statistics_from_duals, statistics_value
 from bounds.errors import UnsupportedOperationError
+from bounds.lp.anderson_lp import anderson_lp
 from tests.model_zoo import make
 from tests.test_active_set import _problem, _tiny
 

@@ -25,7 +25,7 @@ from bounds.errors import (
     InvalidRegionError,
     ShapeMismatchError,
 )
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from bounds.registry import get_method
 from bounds.types import Bounds, Budget, Interval
 from verify.region import as_tensor, input_box, output_spec

@@ -38,26 +38,26 @@ import torch
 from torch import Tensor
 
 from bounds.compile import should_compile, step_function
-from bounds.dual.anderson import (
-    AndersonProblem,
+from bounds.dual.anderson.cuts import (
     Cuts,
     CutTerms,
-    Duals,
     add_cuts,
-    candidate_rows,
-    candidates,
     cut_terms,
-    dual_value,
-    evaluate,
-    evaluate_stable,
     gather_slots,
     layer_support,
     no_cuts,
     row_support,
-    select_cuts_at,
-    slacks,
     sparse_terms,
 )
+from bounds.dual.anderson.evaluation import (
+    AndersonDuals,
+    dual_value,
+    evaluate,
+    evaluate_stable,
+    slacks,
+)
+from bounds.dual.anderson.problem import AndersonProblem
+from bounds.dual.anderson.separation import candidate_rows, candidates, select_cuts_at
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
 from bounds.optim import adam_ascent
 from bounds.types import Budget, rounded_down
@@ -108,7 +108,7 @@ class BigMConfig(ActiveSetConfig):
     max_cuts: int = 0
 
 
-def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
+def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> AndersonDuals:
     """Big-M duals whose `d` is the CROWN bound with lower slopes `slopes[k]` `[B, S, n_k]`
     (in [0, 1]) and the triangle's upper line, by one backward pass. With `mu` the coefficient
     of a neuron's output from above: `mu >= 0` takes `x >= a xh` (`alpha = a mu`; `mu` when
@@ -134,15 +134,15 @@ def big_m_from_slopes(p: AndersonProblem, slopes: tuple[Tensor, ...]) -> Duals:
         beta_u[k] = torch.where(~pos & ambiguous, above * lo / width, zero)
         above = layers.adjoint(k, alpha[k] - beta_l[k])
     empty = tuple(above.new_zeros(*above.shape[:2], 0) for _ in range(H))
-    return Duals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
+    return AndersonDuals(tuple(alpha), tuple(beta_u), tuple(beta_l), empty)
 
 
 class State(NamedTuple):
-    """The normalised duals `theta` `[B, S, N]` (all multipliers side by side, in `Duals.flat`
-    order; duals = theta * scale), their supergradient, Adam's moments and step count, the
-    best `d` per problem `[B, S]` with its theta, and the sums of the minimisers (x per layer,
-    z per hidden layer) since the last cut round with their count. One flat tensor keeps
-    Adam at a handful of ops per iteration."""
+    """The normalised duals `theta` `[B, S, N]` (all multipliers side by side, in
+    `AndersonDuals.flat` order; duals = theta * scale), their supergradient, Adam's moments
+    and step count, the best `d` per problem `[B, S]` with its theta, and the sums of the
+    minimisers (x per layer, z per hidden layer) since the last cut round with their count.
+    One flat tensor keeps Adam at a handful of ops per iteration."""
 
     theta: Tensor
     grad: Tensor
@@ -157,21 +157,22 @@ class State(NamedTuple):
 
 
 class Layout(NamedTuple):
-    """How `theta` splits into `Duals`: the segments' widths (`Duals.flat` order), the scale
-    of every entry `[B, S, N]`, and 1 where an entry may be nonzero (0: a padding cut)."""
+    """How `theta` splits into `AndersonDuals`: the segments' widths (`AndersonDuals.flat`
+    order), the scale of every entry `[B, S, N]`, and 1 where an entry may be nonzero (0: a
+    padding cut)."""
 
     sizes: tuple[int, ...]
     scale: Tensor
     active: Tensor
 
-    def duals(self, theta: Tensor) -> Duals:
-        return Duals.unflat(torch.split(theta * self.scale, self.sizes, -1))
+    def duals(self, theta: Tensor) -> AndersonDuals:
+        return AndersonDuals.unflat(torch.split(theta * self.scale, self.sizes, -1))
 
-    def flat(self, duals: Duals) -> Tensor:
+    def flat(self, duals: AndersonDuals) -> Tensor:
         return torch.cat(duals.flat(), -1)
 
 
-def _layer_scales(init: Duals) -> list[Tensor]:
+def _layer_scales(init: AndersonDuals) -> list[Tensor]:
     """Per hidden layer and problem `[B, S, 1]`: the mean magnitude of the layer's starting
     multipliers (floored by a millionth of the largest layer's)."""
     H = len(init.alpha)
@@ -325,19 +326,84 @@ class ActiveSetResult:
     the cuts they go with, and stats."""
 
     lower: Tensor
-    duals: Duals
+    duals: AndersonDuals
     cuts: tuple[Cuts, ...]
     stats: dict
 
     @property
-    def certificate(self) -> tuple[Duals, tuple[Cuts, ...]]:
+    def certificate(self) -> tuple[AndersonDuals, tuple[Cuts, ...]]:
         """The duals and cuts to certify this bound from
-        (`bounds.dual.anderson_certified.certified_anderson_value`)."""
+        (`bounds.dual.anderson.certified.certified_anderson_value`)."""
         return self.duals, self.cuts
 
 
+def _supports_and_terms(
+    p: AndersonProblem, cuts: tuple[Cuts, ...], index: tuple[Tensor, ...],
+    weights: tuple[Tensor, ...],
+) -> tuple[tuple[Tensor | None, ...], tuple[Tensor, ...], tuple[CutTerms, ...]]:  # fmt: skip
+    """`(supports, weights, terms)` of the candidates' rows and of the cuts given: on
+    convolutions each row's kernel window only (`CutTerms.support`), F inputs per cut; the
+    weights then their values there."""
+    H = p.layers.hidden
+    # convolutions: each row's kernel window only (`CutTerms.support`), F inputs per cut
+    widths_in = [
+        layer_support(p, k, torch.cat([index[k].reshape(-1), cuts[k].rows.reshape(-1)]))
+        for k in range(H)
+    ]  # fmt: skip
+    sparse = [None if F is None else row_support(w, F) for w, F in zip(weights, widths_in)]
+    supports = tuple(None if t is None else t[0] for t in sparse)
+    weights = tuple(w if t is None else t[1] for w, t in zip(weights, sparse))
+    terms = tuple(
+        cut_terms(p, k, cuts[k]) if F is None else sparse_terms(p, k, cuts[k], F)
+        for k, F in enumerate(widths_in)
+    )
+    return supports, weights, terms
+
+
+def _kept_cuts(
+    state: State, start_theta: Tensor, layout: Layout, cuts: tuple[Cuts, ...], recent: list[int],
+    H: int,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """Pruning at a cut round: per layer (`H` hidden ones), the cuts whose multiplier is
+    positive now, at the best duals or at the start, and those the last round added."""
+    flats = (state.theta, state.best_theta, start_theta)
+    segments = [torch.split(f, layout.sizes, -1)[3 * H :] for f in flats]
+    return tuple(
+        (segments[0][k] > 0) | (segments[1][k] > 0) | (segments[2][k] > 0)
+        | (torch.arange(c.rows.shape[-1], device=c.rows.device)
+           >= c.rows.shape[-1] - recent[k])
+        for k, c in enumerate(cuts)
+    )  # fmt: skip
+
+
+def _final_duals(
+    p: AndersonProblem, p64: AndersonProblem, terms: tuple[CutTerms, ...],
+    cuts: tuple[Cuts, ...], layout: Layout, state: State, start_theta: Tensor,
+    start_value: Tensor | None, exact: bool,
+) -> tuple[AndersonDuals, Tensor]:  # fmt: skip
+    """The best duals and their float64 value; `exact` (`exact_stable`): the duals
+    `evaluate_stable` used, never below the start's own value `start_value`."""
+    best = layout.duals(state.best_theta)
+    if exact:  # the duals evaluate_stable used; never below the start's own value
+        best = evaluate_stable(p, terms, cuts, best)[2]
+        value = dual_value(p64, cuts, best, sparse=True)
+        # the start where it is better by more than float64 noise (a warm start that is not
+        # CROWN's; from CROWN's duals the stable neurons' duals are the exact ones already)
+        kept = start_value > value + 1e-12 * (1 + value.abs())
+        if bool(kept.any()):
+            start = layout.duals(start_theta)
+            best = AndersonDuals.unflat(
+                tuple(torch.where(kept.unsqueeze(-1), a, b)
+                      for a, b in zip(start.flat(), best.flat()))
+            )  # fmt: skip
+            value = dual_value(p64, cuts, best, sparse=True)
+    else:
+        value = dual_value(p64, cuts, best, sparse=True)
+    return best, value
+
+
 def solve(
-    p: AndersonProblem, config: ActiveSetConfig, init: Duals, budget: Budget | None = None,
+    p: AndersonProblem, config: ActiveSetConfig, init: AndersonDuals, budget: Budget | None = None,
     deadline: float | None = None, cuts: tuple[Cuts, ...] | None = None, rounds: int = 0,
 ) -> ActiveSetResult:  # fmt: skip
     """Maximise `d` from `init` (module docstring); never below `d(init)`. `cuts`: the
@@ -357,18 +423,7 @@ def solve(
     cuts = cuts if given else tuple(no_cuts(p, k) for k in range(H))
     index = tuple(candidates(p, k) for k in range(H))  # fixed: no host sync in the loop
     weights = tuple(candidate_rows(p, k, index[k]) for k in range(H))
-    # convolutions: each row's kernel window only (`CutTerms.support`), F inputs per cut
-    widths_in = [
-        layer_support(p, k, torch.cat([index[k].reshape(-1), cuts[k].rows.reshape(-1)]))
-        for k in range(H)
-    ]  # fmt: skip
-    sparse = [None if F is None else row_support(w, F) for w, F in zip(weights, widths_in)]
-    supports = tuple(None if t is None else t[0] for t in sparse)
-    weights = tuple(w if t is None else t[1] for w, t in zip(weights, sparse))
-    terms = tuple(
-        cut_terms(p, k, cuts[k]) if F is None else sparse_terms(p, k, cuts[k], F)
-        for k, F in enumerate(widths_in)
-    )
+    supports, weights, terms = _supports_and_terms(p, cuts, index, weights)
     exact = config.exact_stable
     p.constants  # noqa: B018 (computed once here, outside any compiled step)
     free = _ambiguous(p) if exact else None
@@ -395,16 +450,7 @@ def solve(
     for it in range(clock.iterations):
         since = it - (0 if given else config.big_m_iterations)
         if rounds < config.max_cuts and since >= 0 and since % config.cut_frequency == 0:
-            keep = None
-            if config.prune:
-                flats = (state.theta, state.best_theta, start_theta)
-                segments = [torch.split(f, layout.sizes, -1)[3 * H :] for f in flats]
-                keep = tuple(
-                    (segments[0][k] > 0) | (segments[1][k] > 0) | (segments[2][k] > 0)
-                    | (torch.arange(c.rows.shape[-1], device=c.rows.device)
-                       >= c.rows.shape[-1] - recent[k])
-                    for k, c in enumerate(cuts)
-                )  # fmt: skip
+            keep = _kept_cuts(state, start_theta, layout, cuts, recent, H) if config.prune else None
             cuts, terms, grow = _add_round(
                 p, cuts, terms, state, config, index, weights, keep, supports
             )  # fmt: skip
@@ -422,22 +468,7 @@ def solve(
         done = it + 1
         if clock.checkpoint(it, Best(state.best_value, None)):
             break
-    best = layout.duals(state.best_theta)
-    if exact:  # the duals evaluate_stable used; never below the start's own value
-        best = evaluate_stable(p, terms, cuts, best)[2]
-        value = dual_value(p64, cuts, best, sparse=True)
-        # the start where it is better by more than float64 noise (a warm start that is not
-        # CROWN's; from CROWN's duals the stable neurons' duals are the exact ones already)
-        kept = start_value > value + 1e-12 * (1 + value.abs())
-        if bool(kept.any()):
-            start = layout.duals(start_theta)
-            best = Duals.unflat(
-                tuple(torch.where(kept.unsqueeze(-1), a, b)
-                      for a, b in zip(start.flat(), best.flat()))
-            )  # fmt: skip
-            value = dual_value(p64, cuts, best, sparse=True)
-    else:
-        value = dual_value(p64, cuts, best, sparse=True)
+    best, value = _final_duals(p, p64, terms, cuts, layout, state, start_theta, start_value, exact)
     stats = clock.stats(done)
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds

@@ -14,7 +14,7 @@ the polygon is attained by such a pair),
 
     rho xh + g z >= (rho + g a) xh + g b >= min over [l, u] of (rho + g a) xh  +  g b.
 
-That is one step of a backward linear bound (CROWN's, `bounds.methods.crown.backward_pass`)
+That is one step of a backward linear bound (CROWN's, `bounds.methods.backward.backward_pass`)
 that passes `-rho` on to the node's input instead of `g a`, and concretises the residual
 `rho + g a` over the input's interval. Running the whole pass with these steps gives
 `q(rho)` up to the choice of `(pair, lam)` per neuron, which is the best of every pair of the
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from bounds.dual.dag import Decomposition
-from bounds.graph import Graph, Node
-from bounds.methods.crown import (
+from bounds.graph.graph import Graph, Node
+from bounds.methods.backward import (
     backward_pass,
     lower_over,
     output_interval,

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph, Node
+from bounds.graph.graph import Graph, Node
 from bounds.ops import ActivationOp, UnaryAffineOp
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from bounds.dual.dag import Decomposition, decompose, pull_back, push_forward
 from bounds.dual.duals import Duals
-from bounds.methods.crown import backward_pass, relax_backward
+from bounds.methods.backward import backward_pass, relax_backward
 from bounds.types import Interval
 
 
@@ -196,7 +196,7 @@ def initial_duals(
     p: Problem, slopes: Mapping[str, Tensor] | Sequence[Tensor] | None = None
 ) -> Duals:
     """The CROWN / Wong-Kolter multipliers (Bunel et al. 2020, Sec. 4.3): one backward pass of
-    `c` through the graph (`bounds.methods.crown.backward_pass`), whose hook records at each
+    `c` through the graph (`bounds.methods.backward.backward_pass`), whose hook records at each
     nonlinear node the functional `a_e` it passes to each input; `rho_e = -a_e`. `slopes` (per
     nonlinear node, by name or in `net.acts` order, `[B, S, *param_shape]`) replaces CROWN's
     default relaxation parameters (alpha-CROWN's). `q` at these duals is >= the CROWN bound of

@@ -19,18 +19,13 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from bounds.dual import active_set
-from bounds.dual.anderson import anderson_layers, anderson_slopes, problem_from_layers
+from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
-from bounds.methods.crown import (
-    bound_in_chunks,
-    crown_intervals,
-    scatter_bounds,
-    unit_functionals,
-    unstable_indices,
-)
+from bounds.methods.chunks import bound_in_chunks, unit_functionals
+from bounds.methods.crown import crown_intervals, scatter_bounds, unstable_indices
 from bounds.methods.pacing import passed
 from bounds.types import Budget, Interval
 

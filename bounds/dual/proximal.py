@@ -23,6 +23,7 @@ makes the defaults independent of the network's and the objective's scales.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -284,7 +285,8 @@ def anchor_step(
 
 def prox_step(
     p: Problem, state: ProxState, factor: Tensor, scale: tuple[Tensor, ...], inner: int,
-    momentum: float, sweep=sweep_step, anchor=anchor_step,
+    momentum: float, sweep: Callable[..., ProxState] = sweep_step,
+    anchor: Callable[..., ProxState] = anchor_step,
 ) -> ProxState:  # fmt: skip
     """One outer iteration: `inner` sweeps with `eta = factor * scale` fixed, then the anchor's
     move (`sweep` and `anchor` may be their compiled versions)."""

@@ -43,15 +43,10 @@ from torch import Tensor
 from bounds.compile import should_compile, step_function
 from bounds.dual import active_set
 from bounds.dual.active_set import BigMConfig
-from bounds.dual.anderson import (
-    AndersonProblem,
-    Cuts,
-    Duals,
-    Primal,
-    candidates,
-    cut_terms,
-    no_cuts,
-)
+from bounds.dual.anderson.cuts import Cuts, cut_terms, no_cuts
+from bounds.dual.anderson.evaluation import AndersonDuals, Primal
+from bounds.dual.anderson.problem import AndersonProblem
+from bounds.dual.anderson.separation import candidates
 from bounds.dual.anytime import Best, Clock, DecompositionOptions
 from bounds.methods.pacing import deadline_of
 from bounds.types import Budget, rounded_down
@@ -136,7 +131,9 @@ def _box_min(f: Tensor, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
     return (f * x).sum(-1), x
 
 
-def statistics_from_duals(p: AndersonProblem, cuts: tuple[Cuts, ...], d: Duals) -> Statistics:
+def statistics_from_duals(
+    p: AndersonProblem, cuts: tuple[Cuts, ...], d: AndersonDuals
+) -> Statistics:
     """The sums of the duals `d` (Big-M's and the cuts `cuts`' multipliers, as
     `anderson.evaluate` takes them)."""
     layers = p.layers
@@ -374,14 +371,14 @@ class SpFwResult:
     stats: dict
 
     @property
-    def certificate(self) -> tuple[Duals, tuple[Cuts, ...]]:
+    def certificate(self) -> tuple[AndersonDuals, tuple[Cuts, ...]]:
         """The Big-M start's duals and cuts: the sums of beta (`Statistics`) cannot be checked
         per constraint, so `lower` itself is not certifiable in floating point."""
         return self.big_m.certificate
 
 
 def solve(
-    p: AndersonProblem, config: SpFwConfig, init: Duals, budget: Budget | None = None,
+    p: AndersonProblem, config: SpFwConfig, init: AndersonDuals, budget: Budget | None = None,
     deadline: float | None = None,
 ) -> SpFwResult:  # fmt: skip
     """Maximise `d` from `init` (Big-M duals, e.g. `active_set.big_m_from_slopes`; module

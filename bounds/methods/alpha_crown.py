@@ -30,24 +30,18 @@ from bounds.compile import (
     should_compile,
     step_function,
 )
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
+from bounds.methods.alpha_targets import activations_before, intermediate_targets
+from bounds.methods.backward import Lines, LinesFn, backward_bound, relaxation_bounds
+from bounds.methods.chunks import ChunkLinesFn, neuron_chunk, predicted_past
 from bounds.methods.crown import (
-    ChunkLinesFn,
-    Lines,
-    LinesFn,
-    backward_bound,
     bound_neurons,
     crown_intervals,
     interval_bound,
-    needs_crown,
-    neuron_chunk,
     output_functional,
-    predicted_past,
-    relaxation_bounds,
     scatter_bounds,
     split_output,
     straight_through,
-    unstable_indices,
     windowed_activations,
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
@@ -126,30 +120,6 @@ class _Problem:
         return tuple(self.graph[act].op.relaxation.project for _, act in self.keys)
 
 
-def _activations_before(graph: Graph, start: str) -> list[str]:
-    ancestors = graph.ancestors(start)
-    return [n.name for n in graph.activations() if n.name in ancestors]
-
-
-# Slope elements of the intermediate targets (each with Adam's two moments and its gradient)
-# beyond which the later targets keep CROWN's intervals (valid): 2^27, 0.5 GiB in float32 each
-# (cGAN 64x64 of VNN-COMP 2023 asked for 5.9 GB in one tensor).
-MAX_SLOPE_ELEMENTS = 1 << 27
-
-
-def _within_memory(graph: Graph, batch: int, targets: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The targets, in order, whose slopes (`[B, 2, k, *act_shape]` per activation before
-    each) fit in `MAX_SLOPE_ELEMENTS` together; no allocation is started past it."""
-    kept, total = {}, 0
-    for name, index in targets.items():
-        size = sum(torch.Size(graph[a].shape).numel() for a in _activations_before(graph, name))
-        total += batch * 2 * index.numel() * size
-        if total > MAX_SLOPE_ELEMENTS:
-            break
-        kept[name] = index
-    return kept
-
-
 def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     """CROWN's adaptive slopes, one copy per (start, activation): `[B, 2, k, *shape]` for an
     intermediate start with k neurons, `[B, 2S, *shape]` for the output; an activation whose
@@ -161,7 +131,7 @@ def _init_alphas(p: _Problem) -> dict[tuple[str, str], Tensor]:
     for start, spec_dims in starts.items():
         index = p.targets.get(start)
         windows = {} if index is None else windowed_activations(p.graph, start, index)
-        for act in _activations_before(p.graph, start):
+        for act in activations_before(p.graph, start):
             lower, upper = relaxation_bounds(p.graph, act, p.base)
             relaxation = p.graph[act].op.relaxation
             if act in windows:
@@ -338,6 +308,80 @@ def _stalled(total: Tensor, last: Tensor | None, tolerance: float) -> bool:
     return last is not None and bool(total - last <= tolerance * (1 + last.abs()))
 
 
+def _interval_result(
+    graph: Graph, C: Tensor, base: dict[str, Interval], alphas: dict[tuple[str, str], Tensor]
+) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:
+    """`alpha_crown`'s result from the output's interval (no pass fits before the deadline)."""
+    out = graph.output.name
+    slopes = {act: a.detach() for (start, act), a in alphas.items() if start == out}
+    stats = {"iterations": 0, "trajectory": [], "final_slopes": slopes, "best_slopes": slopes}
+    return *split_output(interval_bound(C, base[out])), base, stats
+
+
+def _iterate(
+    problem: _Problem, state: AlphaState, step: Callable, lr: Tensor, config: AlphaCrownConfig,
+    iterations: int, use: bool, pacer: Pacer, start_time: float,
+) -> tuple[AlphaState, tuple[Tensor, ...], list[tuple[float, float]], int]:  # fmt: skip
+    """The optimisation: `(state, the slopes last evaluated, trajectory, last iteration)`;
+    out of iterations or time (`pacer`, keeping back one iteration's time for the exact pass),
+    or stalled."""
+    stop_at = pacer.deadline
+    last_check, trajectory, it = None, [], 0
+    for it in range(iterations + 1):
+        evaluated = state.alphas
+        last = it == iterations or (it == 0 and passed(stop_at))
+        state = (alpha_evaluate if last and not use else step)(problem, state, lr)
+        lr = lr * config.lr_decay
+        # out of iterations or time; the time kept back: one iteration's, for the exact pass
+        pacer.reserve = max(pacer.durations, default=0.0)
+        if last or state.alphas is evaluated or pacer.done():
+            break
+        if (it + 1) % config.check_every == 0:
+            total = state.best.sum()
+            trajectory.append((time.perf_counter() - start_time, float(total)))
+            if _stalled(total, last_check, config.tolerance):
+                break
+            last_check = total
+    return state, evaluated, trajectory, it
+
+
+def _stats(
+    problem: _Problem, state: AlphaState, evaluated: tuple[Tensor, ...],
+    trajectory: list[tuple[float, float]], it: int,
+) -> tuple[dict[tuple[str, str], Tensor], dict]:  # fmt: skip
+    """The last evaluated slopes by key, and `alpha_crown`'s stats."""
+    graph = problem.graph
+    out = graph.output.name
+    final = dict(zip(problem.keys, evaluated))
+    slopes = {act: final[out, act] for act in activations_before(graph, out)}
+    best_slopes = {problem.keys[i][1]: t for i, t in zip(problem.out_index, state.best_slopes)}
+    stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
+    stats["best_slopes"] = best_slopes
+    stats["unsound_best"] = state.best.detach()  # the iterations' own (untracked) bounds
+    return final, stats
+
+
+def _result(
+    problem: _Problem, final: dict[tuple[str, str], Tensor], state: AlphaState, stats: dict,
+    exact: bool, pacer: Pacer,
+) -> tuple[Tensor, Tensor, dict[str, Interval], dict]:  # fmt: skip
+    """`alpha_crown`'s result after the optimisation: the iterations' own bounds (not
+    `exact`), the output's interval when the exact pass would end past the deadline, else the
+    exact pass's (`_sound_pass`)."""
+    graph, C, base, stop_at = problem.graph, problem.C, problem.base, pacer.deadline
+    if not exact:
+        names = [n.name for n in graph.nodes]
+        best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
+        return *split_output(state.best), best, stats
+    if stop_at is not None and time.monotonic() + max(pacer.durations, default=0.0) > stop_at:
+        # the exact pass (about an iteration's time) would end past the deadline: the output's
+        # interval from the exact intervals the call started from
+        result = interval_bound(C, base[graph.output.name])
+        return *split_output(result), base, stats
+    result, sound_intervals = _sound_pass(problem, final, state)
+    return *split_output(result), sound_intervals, stats
+
+
 def alpha_crown(
     graph: Graph,
     box: Interval,
@@ -374,14 +418,10 @@ def alpha_crown(
         if intervals is not None
         else crown_intervals(graph, box, deadline=stop_at, exact=exact, durations=durations)
     )
-    targets = {}
     predicted = predicted_past(stop_at, durations)  # not even a chunk fits
-    if config.optimize_intermediate and not (predicted or passed(stop_at)):
-        for name in needs_crown(graph):
-            index = unstable_indices(graph, name, base[name])
-            if index.numel():
-                targets[name] = index
-        targets = _within_memory(graph, box.lower.shape[0], targets)
+    targets = intermediate_targets(
+        graph, box, base, config.optimize_intermediate, stop_at, predicted
+    )
     batch = box.lower.shape[0]
     chunks = {n: neuron_chunk(graph, batch, index.numel()) for n, index in targets.items()}
     problem = _Problem(graph, box, C, base, targets, (), chunks)
@@ -396,10 +436,7 @@ def alpha_crown(
         budget.iterations if budget and budget.iterations is not None else config.iterations
     )
     if predicted:  # the output's interval
-        out = graph.output.name
-        slopes = {act: a.detach() for (start, act), a in alphas.items() if start == out}
-        stats = {"iterations": 0, "trajectory": [], "final_slopes": slopes, "best_slopes": slopes}
-        return *split_output(interval_bound(C, base[out])), base, stats
+        return _interval_result(graph, C, base, alphas)
     state = _initial_state(problem, alphas)
     if not alphas:  # nothing to optimise (no ambiguous neuron): one bound pass
         iterations = 0
@@ -408,41 +445,12 @@ def alpha_crown(
         base_tensors = [(iv.lower, iv.upper) for iv in base.values()]
         mark_batch_dynamic((box.lower, box.upper, C, base_tensors, state))
     lr = torch.full((), config.lr, dtype=box.lower.dtype, device=box.lower.device)
-    last_check, trajectory, it = None, [], 0
     pacer = Pacer(stop_at)
-    for it in range(iterations + 1):
-        evaluated = state.alphas
-        last = it == iterations or (it == 0 and passed(stop_at))
-        state = (alpha_evaluate if last and not use else step)(problem, state, lr)
-        lr = lr * config.lr_decay
-        # out of iterations or time; the time kept back: one iteration's, for the exact pass
-        pacer.reserve = max(pacer.durations, default=0.0)
-        if last or state.alphas is evaluated or pacer.done():
-            break
-        if (it + 1) % config.check_every == 0:
-            total = state.best.sum()
-            trajectory.append((time.perf_counter() - start_time, float(total)))
-            if _stalled(total, last_check, config.tolerance):
-                break
-            last_check = total
-    out = graph.output.name
-    final = dict(zip(problem.keys, evaluated))
-    slopes = {act: final[out, act] for act in _activations_before(graph, out)}
-    best_slopes = {problem.keys[i][1]: t for i, t in zip(problem.out_index, state.best_slopes)}
-    stats = {"iterations": it, "trajectory": trajectory, "final_slopes": slopes}
-    stats["best_slopes"] = best_slopes
-    stats["unsound_best"] = state.best.detach()  # the iterations' own (untracked) bounds
-    if not exact:
-        names = [n.name for n in graph.nodes]
-        best = {n: Interval(lo, up) for n, lo, up in zip(names, state.best_lower, state.best_upper)}
-        return *split_output(state.best), best, stats
-    if stop_at is not None and time.monotonic() + max(pacer.durations, default=0.0) > stop_at:
-        # the exact pass (about an iteration's time) would end past the deadline: the output's
-        # interval from the exact intervals the call started from
-        result = interval_bound(C, base[graph.output.name])
-        return *split_output(result), base, stats
-    result, sound_intervals = _sound_pass(problem, final, state)
-    return *split_output(result), sound_intervals, stats
+    state, evaluated, trajectory, it = _iterate(
+        problem, state, step, lr, config, iterations, use, pacer, start_time
+    )
+    final, stats = _stats(problem, state, evaluated, trajectory, it)
+    return _result(problem, final, state, stats, exact, pacer)
 
 
 def _sound_pass(p: _Problem, final: dict, state: AlphaState) -> tuple[Tensor, dict[str, Interval]]:

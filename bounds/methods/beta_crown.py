@@ -40,8 +40,8 @@ from bounds.compile import (
     should_compile,
     step_function,
 )
-from bounds.graph import Graph
-from bounds.methods.crown import (
+from bounds.graph.graph import Graph
+from bounds.methods.backward import (
     backward_pass,
     output_interval,
     pairing,

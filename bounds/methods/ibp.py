@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.crown import interval_bound, split_output
 from bounds.rounding import bounds_in_float64
 from bounds.types import Interval

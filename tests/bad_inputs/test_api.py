@@ -9,7 +9,7 @@ from torch import nn
 
 import verify
 from bounds.errors import InvalidLimitError, UnsupportedOperationError
-from bounds.lp import SAFETY
+from bounds.lp.lp import SAFETY
 from bounds.types import Budget
 from tests.bad_inputs.conftest import raises_where, unchanged_module
 from tests.soundness import assert_contains, box_samples

@@ -20,16 +20,13 @@ from bounds.dual.proximal import (
 from bounds.methods.crown import crown, output_functional
 from bounds.types import Interval
 from kernels.backend import kernel_backend
-from kernels.prox_relu_block import (
-    prox_block_update,
+from kernels.prox_relu_block import prox_block_update, prox_neg_rho, prox_relu_oracle
+from kernels.prox_relu_reference import (
     prox_block_update_reference,
-    prox_block_update_triton,
-    prox_neg_rho,
-    prox_relu_oracle,
     prox_relu_oracle_reference,
-    prox_relu_oracle_triton,
     relu_argmin_reference,
 )
+from kernels.prox_relu_triton import prox_block_update_triton, prox_relu_oracle_triton
 from relaxations.relu import ReluRelaxation
 from tests.kernels import cpu_generated, needs_triton
 from tests.model_zoo import make

@@ -107,7 +107,7 @@ def test_point_box_and_constraints():
 def denominator_graph(seed: int, sign: float):
     """`Linear -> reciprocal -> Linear` (float64) whose pre-activations stay `sign * [>= 0.5]`
     on the box [-1, 1]^3 (positive first weights summing below 1.5, offset 2)."""
-    from bounds.graph import Graph, Node
+    from bounds.graph.graph import Graph, Node
     from bounds.ops import ActivationOp, LinearOp
 
     gen = torch.Generator().manual_seed(seed)

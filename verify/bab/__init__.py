@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from verify.bab.common import BatchSizer, RegionOutcome
 from verify.bab.config import SPLITTINGS, BabConfig, ReluSplitConfig
 from verify.bab.input.domains import Domains

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.rounding import outward
 from bounds.types import Interval
 from verify.attack import UnsafeSpec

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bounds.graph import build_graph
+from bounds.graph.graph import build_graph
 from bounds.types import Interval
 from verify.attack import find_counterexample
 from verify.bab import (

@@ -1,7 +1,7 @@
 """ONNX nonlinear nodes -> torch.fx (used by `verify.io.onnx_loader`, next to `onnx_ops` and
 `onnx_shapes`): elementwise activations become the torch calls their relaxations declare
 (`relaxations.registry`: each ONNX op with how it reads its attributes and constant inputs),
-which `bounds.fx_activations` maps back to the relaxations; MaxPool, Max/Min, Softmax and the
+which `bounds.graph.fx_activations` maps back to the relaxations; MaxPool, Max/Min, Softmax and the
 products of two activations (Mul, Div, MatMul) become the calls `bounds.fx_nonlinear` rewrites
 exactly."""
 

@@ -81,7 +81,7 @@ from bounds.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.ops import ActivationOp
 from bounds.types import Interval
 from verify.api import network_graph

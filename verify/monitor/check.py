@@ -18,7 +18,7 @@ from bounds.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.ops import ReshapeOp
 from verify.monitor.sums import SumCheck, SumRecorder, inplace_users
 

@@ -14,7 +14,7 @@ from bounds.errors import (
     InvalidNetworkError,
     UnsupportedOperationError,
 )
-from bounds.graph import Graph, Node
+from bounds.graph.graph import Graph, Node
 from bounds.methods.crown import crown
 from bounds.ops import ActivationOp, ConvOp, LinearOp, ReshapeOp, SumOp
 from bounds.types import Interval, rounded_down, rounded_up

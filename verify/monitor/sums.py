@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, fx, nn
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.ops import ConvOp, LinearOp
 from bounds.types import Interval, rounded_down, rounded_up
 

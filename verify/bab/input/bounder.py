@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.registry import get_method
 from bounds.types import Budget, Interval, rounded_down
 from verify.attack import UnsafeSpec, min_max

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from bounds.errors import InvalidNetworkError
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.crown import crown, crown_intervals
 from bounds.registry import Method, get_method

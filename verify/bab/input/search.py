@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from verify.attack import AttackConfig, UnsafeSpec, pgd
 from verify.bab.common import BatchSizer, Float64Check, Found
 from verify.bab.config import BabConfig

@@ -35,7 +35,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.beta_crown import SplitBackward
 from bounds.methods.pacing import passed
 from verify.bab.branchers import RELU_BRANCHINGS

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph, build_graph
+from bounds.graph.graph import Graph, build_graph
 from bounds.types import Interval
 from verify.attack import UnsafeSpec
 from verify.bab.common import BatchSizer, DomainBatch, Float64Check

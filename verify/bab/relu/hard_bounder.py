@@ -33,17 +33,16 @@ import torch
 from torch import Tensor
 
 from bounds.dual import active_set
-from bounds.dual.anderson import (
+from bounds.dual.anderson.certified import certified_anderson_value
+from bounds.dual.anderson.cuts import Cuts
+from bounds.dual.anderson.evaluation import AndersonDuals, dual_value
+from bounds.dual.anderson.problem import (
     AndersonProblem,
-    Cuts,
-    Duals,
     Layers,
     anderson_layers,
     anderson_slopes,
-    dual_value,
     problem_from_layers,
 )
-from bounds.dual.anderson_certified import certified_anderson_value
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
@@ -53,18 +52,18 @@ from bounds.types import Interval
 
 
 class AndersonStart(NamedTuple):
-    """Anderson duals per domain and spec (`[N, S, ...]`, `anderson.Duals`), the cuts they go
+    """Anderson duals per domain and spec (`[N, S, ...]`, `AndersonDuals`), the cuts they go
     with (per hidden layer, `[N, S, R_k, ...]`), and `given [N]` bool (False: no start for
     that domain; its duals are zeros and its cuts padding)."""
 
-    duals: Duals
+    duals: AndersonDuals
     cuts: tuple[Cuts, ...]
     given: Tensor
 
 
 class SplitBounds(NamedTuple):
     """What a hard bounder returns: `lower [N, S]`, its float64 twin certified in floating point
-    (`bounds.dual.certified`, `bounds.dual.anderson_certified`; None unless asked), the
+    (`bounds.dual.certified`, `bounds.dual.anderson.certified`; None unless asked), the
     duals it ended at as a warm start for the domains' children (None: the bounder keeps none),
     and `warm [N, S]` bool, where it started from the `warm` start given (None: none given)."""
 
@@ -145,8 +144,8 @@ def anderson_split_bounds(
 
 
 def _better_start(
-    p: AndersonProblem, cold: Duals, warm: AndersonStart
-) -> tuple[Duals, tuple[Cuts, ...], Tensor]:
+    p: AndersonProblem, cold: AndersonDuals, warm: AndersonStart
+) -> tuple[AndersonDuals, tuple[Cuts, ...], Tensor]:
     """Per domain and spec the better start by `d` on `p` (the child's relaxation; the warm
     cuts' terms computed with its intervals): the warm duals where given and better, else the
     `cold` ones (no cut multiplier). Returns the start, its cuts and `[N, S]` where warm."""
@@ -159,7 +158,7 @@ def _better_start(
     def pick(a: Tensor, b: Tensor) -> Tensor:
         return torch.where(use.reshape(*use.shape, *([1] * (a.dim() - 2))), a, b)
 
-    init = Duals.unflat(tuple(pick(a, b) for a, b in zip(warm.duals.flat(), cold.flat())))
+    init = AndersonDuals.unflat(tuple(pick(a, b) for a, b in zip(warm.duals.flat(), cold.flat())))
     return init, warm.cuts, use
 
 

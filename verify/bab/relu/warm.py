@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import Cuts, Duals, gather_slots
+from bounds.dual.anderson.cuts import Cuts, gather_slots
+from bounds.dual.anderson.evaluation import AndersonDuals
 from verify.bab.relu.hard_bounder import AndersonStart
 
 # the active set's default schedule adds at most max_cuts x restrict = 6 x 32 cuts per layer
@@ -58,7 +59,7 @@ def compact(start: AndersonStart, max_cuts: int = MAX_CUTS) -> AndersonStart:
         cuts.append(Cuts(gather(c.rows), gather(c.mask), chosen))
         betas.append(gather(beta) * chosen)
     d = start.duals
-    return AndersonStart(Duals(d.alpha, d.beta_u, d.beta_l, tuple(betas)), tuple(cuts), start.given)
+    return AndersonStart(AndersonDuals(d.alpha, d.beta_u, d.beta_l, tuple(betas)), tuple(cuts), start.given)
 
 
 def nbytes(start: AndersonStart) -> int:
@@ -127,7 +128,7 @@ class WarmStarts:
                 o[where] = t
             given[where] = True
         H = len(slots)
-        duals = Duals.unflat(tuple(out[: 4 * H]))
+        duals = AndersonDuals.unflat(tuple(out[: 4 * H]))
         cuts = tuple(Cuts(*out[4 * H + 3 * k : 4 * H + 3 * k + 3]) for k in range(H))
         return AndersonStart(duals, cuts, given)
 
@@ -147,5 +148,5 @@ class WarmStarts:
             self._append(block)
 
 
-def _tensors(duals: Duals, cuts: tuple[Cuts, ...]) -> list[Tensor]:
+def _tensors(duals: AndersonDuals, cuts: tuple[Cuts, ...]) -> list[Tensor]:
     return [*duals.flat(), *(t for c in cuts for t in c)]

@@ -1,4 +1,4 @@
-"""Nonlinear operations of several activations in torch.fx (used by `bounds.fx_handlers`):
+"""Nonlinear operations of several activations in torch.fx (used by `bounds.graph.fx_handlers`):
 products (`x * y`, `x @ y`), quotients, elementwise max/min and max pooling.
 
 - `x * y`: both broadcast to their common shape, then a `MultiActivationOp` with the McCormick
@@ -27,9 +27,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bounds import fx_shapes as shapes
-from bounds.fx_activations import activation
-from bounds.fx_common import Act, Builder, affine_const, expand_to, reshape_result, unsupported
+from bounds.graph import fx_shapes as shapes
+from bounds.graph.fx_activations import activation
+from bounds.graph.fx_common import (
+    Act,
+    Builder,
+    affine_const,
+    expand_to,
+    reshape_result,
+    unsupported,
+)
 from bounds.ops import IndexOp, MultiActivationOp, SumOp
 from relaxations import get_relaxation
 

@@ -2,11 +2,11 @@
 
 The fx graph is interpreted on an example batch: every value is either a constant (folded
 eagerly: weights, normalisation constants, shapes) or an `Act`, an activation produced by one of
-our nodes (`bounds.fx_common`). Each supported call on an activation appends node specs
+our nodes (`bounds.graph.fx_common`). Each supported call on an activation appends node specs
 `(name, op, input names, shape)`; anything else raises UnsupportedOperationError. This file
 maps activations, arithmetic and the affine layers; the shape and other linear operations
 (indexing, cat, permute, pad, reductions, matmul, transposed convolutions, where,
-interpolation, casts) are in `bounds.fx_shapes`. Finally, elementwise affine nodes (BatchNorm,
+interpolation, casts) are in `bounds.graph.fx_shapes`. Finally, elementwise affine nodes (BatchNorm,
 scalings) are folded into the affine op before them (`bounds.ops.compose`).
 """
 
@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from bounds import fx_activations as activations
-from bounds import fx_nonlinear as products
-from bounds import fx_shapes as shapes
 from bounds.errors import InvalidNetworkError
-from bounds.fx_common import (
+from bounds.graph import fx_activations as activations
+from bounds.graph import fx_nonlinear as products
+from bounds.graph import fx_shapes as shapes
+from bounds.graph.fx_common import (
     INPUT,
     Act,
     Builder,

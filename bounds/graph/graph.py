@@ -2,7 +2,7 @@
 
 `build_graph(module, input_shape)` interprets the fx graph on an example batch of two inputs
 (two, so a reshape that mixes the batch dimension is caught), folds constant sub-expressions,
-and maps each supported call to a BoundOp (see `bounds/fx_handlers.py`). The result is checked
+and maps each supported call to a BoundOp (see `bounds/graph/fx_handlers.py`). The result is checked
 against the module on random inputs: a conversion that changes the function raises instead of
 giving a silently wrong bound.
 """
@@ -23,7 +23,7 @@ from bounds.errors import (
     UnsupportedOperationError,
     at_node,
 )
-from bounds.fx_handlers import INPUT, interpret
+from bounds.graph.fx_handlers import INPUT, interpret
 from bounds.ops import ActivationOp, BoundOp, UnaryAffineOp
 from bounds.types import Interval
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bounds.dual.anderson import AndersonProblem
-from bounds.lp import _cvxpy, _silenced_stdout
+from bounds.dual.anderson.problem import AndersonProblem
+from bounds.lp.lp import _cvxpy, _silenced_stdout
 
 
 def _np(t: Tensor) -> np.ndarray:

@@ -2,7 +2,7 @@
 slicing, `index_select`, `cat`/`stack`, `split`/`chunk`, `permute`/`transpose`, `expand`,
 constant `F.pad`, `sum`/`mean`, `matmul` by a constant on either side, transposed
 convolutions, `where` with a constant condition, `F.interpolate` (nearest and linear), float
-casts. Used by `bounds.fx_handlers`; each handler gets the builder, the fx node's name and the
+casts. Used by `bounds.graph.fx_handlers`; each handler gets the builder, the fx node's name and the
 call's arguments (activations are `Act`s, everything else is constant).
 """
 
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bounds.fx_common import Act, Builder, affine_const, expand_to, per_sample, reshape_result
-from bounds.fx_common import unsupported as _unsupported
+from bounds.graph.fx_common import Act, Builder, affine_const, expand_to, per_sample, reshape_result
+from bounds.graph.fx_common import unsupported as _unsupported
 from bounds.ops import (
     ConcatOp,
     ConvTransposeOp,
@@ -268,7 +268,7 @@ def matmul_const(
 
 def matmul(b: Builder, node: str, lhs: Any, rhs: Any) -> Act:
     if isinstance(lhs, Act) and isinstance(rhs, Act):
-        raise _unsupported("matmul", node, "product of two activations (bounds.fx_nonlinear)")
+        raise _unsupported("matmul", node, "product of two activations (bounds.graph.fx_nonlinear)")
     if isinstance(lhs, Act):
         return matmul_const(b, node, lhs, rhs, right=True)
     return matmul_const(b, node, rhs, lhs, right=False)

@@ -1,5 +1,5 @@
-"""Shared pieces of the torch.fx -> BoundOp translation (`bounds.fx_handlers`,
-`bounds.fx_shapes`): the activation value `Act`, the node-spec builder and the typed error.
+"""Shared pieces of the torch.fx -> BoundOp translation (`bounds.graph.fx_handlers`,
+`bounds.graph.fx_shapes`): the activation value `Act`, the node-spec builder and the typed error.
 
 Every value met while the fx graph is interpreted on an example batch is either a constant
 (folded eagerly) or an `Act`: the output of one of our nodes, with its example value.

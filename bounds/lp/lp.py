@@ -41,7 +41,7 @@ from torch import Tensor
 from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose
 from bounds.errors import UnsupportedOperationError
-from bounds.graph import Graph
+from bounds.graph.graph import Graph
 from bounds.methods.crown import output_functional
 from bounds.ops import ActivationOp, UnaryAffineOp
 from bounds.types import Interval

@@ -1,4 +1,4 @@
-"""Elementwise activations in torch.fx (used by `bounds.fx_handlers`): each torch function,
+"""Elementwise activations in torch.fx (used by `bounds.graph.fx_handlers`): each torch function,
 tensor method or `nn.Module` that a relaxation declares as one of its spellings
 (`relaxations.registry`) maps to that relaxation, with the options its constants give.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from bounds.fx_common import Act, Builder, unsupported
+from bounds.graph.fx_common import Act, Builder, unsupported
 from bounds.ops import ActivationOp
 from relaxations import get_relaxation
 from relaxations.registry import Spelling, module_spelling, spelling_of
