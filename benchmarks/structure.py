@@ -19,6 +19,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("verify", "bounds", "relaxations", "crf", "kernels")
+# which package may import which (ARCHITECTURE.md: one direction, top to bottom)
+ALLOWED = {
+    "verify": {"verify", "bounds", "relaxations", "kernels"},
+    "bounds": {"bounds", "relaxations", "kernels"},
+    "relaxations": {"relaxations"},
+    "crf": {"crf", "kernels"},
+    "kernels": {"kernels"},
+}
 
 
 @dataclass
@@ -27,6 +35,7 @@ class Structure:
     circles: list[list[str]] = field(default_factory=list)  # module-level imports
     hidden_circles: list[list[str]] = field(default_factory=list)  # with those in functions
     inner_imports: list[str] = field(default_factory=list)  # "module:line -> imported"
+    layer_violations: list[str] = field(default_factory=list)  # "module -> imported"
     largest_files: list[tuple[str, int]] = field(default_factory=list)
     largest_functions: list[tuple[str, int]] = field(default_factory=list)
     files_over_500: list[str] = field(default_factory=list)
@@ -208,6 +217,10 @@ def measure(root: Path = ROOT) -> Structure:
         for module in list(graph):
             graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
     s.circles = _circles(edges)
+    s.layer_violations = sorted(
+        f"{m} -> {t}" for m, ts in every.items() for t in ts
+        if t.split(".")[0] not in ALLOWED[m.split(".")[0]]
+    )  # fmt: skip
     s.hidden_circles = [c for c in _circles(every) if c not in s.circles]
     s.largest_files = sorted(sizes, key=lambda x: -x[1])[:10]
     s.largest_functions = sorted(functions, key=lambda x: -x[1])[:10]
@@ -224,6 +237,8 @@ def report(s: Structure) -> str:
     out += [f"  - {' <-> '.join(c)}" for c in s.circles]
     out.append(f"circles hidden by imports inside functions: {len(s.hidden_circles)}")
     out += [f"  - {' <-> '.join(c)}" for c in s.hidden_circles]
+    out.append(f"imports against the package layers: {len(s.layer_violations)}")
+    out += [f"  - {x}" for x in s.layer_violations]
     out.append(f"imports of our own modules inside functions: {len(s.inner_imports)}")
     out += [f"  - {x}" for x in s.inner_imports]
     out.append("largest files: " + ", ".join(f"{f} {n}" for f, n in s.largest_files[:6]))

@@ -17,6 +17,11 @@ def test_no_import_circles() -> None:
     assert s.hidden_circles == [], s.hidden_circles
 
 
+def test_packages_import_one_way() -> None:
+    """verify -> bounds -> relaxations; crf -> kernels; bounds -> kernels; nothing upward."""
+    assert structure.measure().layer_violations == []
+
+
 def test_no_imports_of_our_modules_inside_functions() -> None:
     assert structure.measure().inner_imports == []
 
@@ -49,6 +54,7 @@ def test_the_measurement_finds_circles_inner_imports_and_untyped_functions(tmp_p
             "bounds/__init__.py": "",
             "bounds/c.py": "from bounds import d\n",
             "bounds/d.py": "from bounds.c import *\n",
+            "relaxations/e.py": "import bounds.c\n",
             "relaxations/__init__.py": "",
             "crf/__init__.py": "",
             "kernels/__init__.py": "",
@@ -58,4 +64,5 @@ def test_the_measurement_finds_circles_inner_imports_and_untyped_functions(tmp_p
     assert s.circles == [["bounds.c", "bounds.d"]]
     assert s.hidden_circles == [["verify.a", "verify.b"]]
     assert s.inner_imports == ["verify/b.py:2 -> verify.a"]
+    assert s.layer_violations == ["relaxations.e -> bounds.c"]
     assert (s.public_functions, s.typed_public_functions) == (2, 1)
