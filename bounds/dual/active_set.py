@@ -59,7 +59,10 @@ from bounds.dual.anderson.evaluation import (
 from bounds.dual.anderson.problem import AndersonProblem
 from bounds.dual.anderson.separation import candidate_rows, candidates, select_cuts_at
 from bounds.dual.anytime import Best, Clock, DecompositionOptions, linear_step
+from bounds.dual.intermediate import anderson_intermediate
+from bounds.dual.method_start import anderson_method
 from bounds.optim import adam_ascent
+from bounds.registry import Relaxation, register_method
 from bounds.types import Budget, rounded_down
 
 
@@ -473,3 +476,14 @@ def solve(
     stats["cuts"] = [int(c.active.sum()) for c in cuts]
     stats["cut_rounds"] = rounds
     return ActiveSetResult(rounded_down(value, p.c.dtype), best, cuts, stats)
+
+
+register_method(
+    "big-m", BigMConfig, "Big-M dual (Planet-equivalent), projected Adam on the Anderson dual"
+)(anderson_method(solve, big_m_from_slopes))
+register_method(
+    "active-set", ActiveSetConfig,
+    "Anderson relaxation by the dual active-set method (ReLU chains)",
+    intermediate=anderson_intermediate(solve, ActiveSetConfig, big_m_from_slopes),
+    hard_bounder=True, warm_start=True, root_intermediate=True, relaxation=Relaxation.ANDERSON,
+)(anderson_method(solve, big_m_from_slopes))  # fmt: skip

@@ -1,7 +1,7 @@
-"""Pre-activation bounds for the decomposition methods: the intermediate-bounds capabilities of
-the bound methods (`IntermediateBounds`, registered with each method in `bounds.registry`):
-`ibp`, `crown`, `alpha-crown`, or tightened by a dual solver (`prox`, `supergradient`; `active-set` and
-`sp-fw`, the Anderson relaxation's, on ReLU chains): for each node
+"""Pre-activation bounds tightened by a dual solver: the intermediate-bounds capabilities
+(`bounds.registry.IntermediateBounds`) of the dual methods (`prox`, `supergradient`;
+`active-set` and `sp-fw`, the Anderson relaxation's, on ReLU chains; `ibp`, `crown` and
+`alpha-crown` declare theirs in their own files): for each node
 that feeds a nonlinearity, in topological order, the problem truncated at that node (its
 ancestors) is solved with objectives `+-e_j` for every neuron j whose relaxation is not exact
 (Bunel et al., UAI 2020, Sec. 5), batched as specs and chunked to bound memory.
@@ -14,19 +14,18 @@ re-bounded."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor
 
-from bounds.dual import active_set
 from bounds.dual.anderson.problem import anderson_layers, anderson_slopes, problem_from_layers
 from bounds.dual.dag import Decomposition, decompose
 from bounds.dual.decomposition import initial_duals, problem_from_intervals
 from bounds.graph.graph import Graph
-from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.chunks import bound_in_chunks, unit_functionals
 from bounds.methods.crown import crown_intervals, scatter_bounds, unstable_indices
 from bounds.methods.pacing import passed
+from bounds.registry import IntermediateBounds
 from bounds.types import Budget, Interval
 
 
@@ -84,62 +83,16 @@ def _decomposition_bound(solve_fn, config, box: Interval, budget: Budget, deadli
     return bound
 
 
-def _anderson_bound(solve_fn, config, box: Interval, budget: Budget, deadline):
-    """A dual solver of the Anderson relaxation (ReLU chains) from CROWN's Big-M duals."""
+def _anderson_bound(solve_fn, init_fn, config, box: Interval, budget: Budget, deadline):
+    """A dual solver of the Anderson relaxation (ReLU chains) from CROWN's Big-M duals
+    (`init_fn(problem, slopes)`)."""
 
     def bound(truncated: Decomposition, intervals: dict[str, Interval], c: Tensor) -> Tensor:
         p = problem_from_layers(anderson_layers(truncated.graph), box, intervals, c)
-        init = active_set.big_m_from_slopes(p, anderson_slopes(p, None))
+        init = init_fn(p, anderson_slopes(p, None))
         return solve_fn(p, config, init, budget, deadline).lower
 
     return bound
-
-
-class IntermediateBounds(Protocol):
-    """A bound method's intermediate-bounds capability (`bounds.registry.Method.intermediate`):
-    intervals of every node on `box` for the specs `C`; `iterations` is a dual solver's budget
-    per layer; `given` intervals are intersected in; `deadline` (`time.monotonic()`): every
-    stage stops by then, keeping valid intervals; `start`: the intervals a dual solver starts
-    from (and intersects with), None to start from `given` as they are."""
-
-    def __call__(
-        self, graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
-        given: dict[str, Interval] | None = None, deadline: float | None = None,
-        start: IntermediateBounds | None = None,
-    ) -> dict[str, Interval]: ...  # fmt: skip
-
-
-def ibp_intermediate(
-    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
-    given: dict[str, Interval] | None = None, deadline: float | None = None,
-    start: IntermediateBounds | None = None,
-) -> dict[str, Interval]:  # fmt: skip
-    """Interval bound propagation's intervals (`IntermediateBounds`)."""
-    return graph.interval(box, given)
-
-
-def crown_intermediate(
-    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
-    given: dict[str, Interval] | None = None, deadline: float | None = None,
-    start: IntermediateBounds | None = None,
-) -> dict[str, Interval]:  # fmt: skip
-    """CROWN's intervals (`IntermediateBounds`)."""
-    return crown_intervals(graph, box, given, deadline)
-
-
-def alpha_crown_intermediate(
-    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
-    given: dict[str, Interval] | None = None, deadline: float | None = None,
-    start: IntermediateBounds | None = None,
-) -> dict[str, Interval]:  # fmt: skip
-    """alpha-CROWN's intervals, its slopes optimised for `C` (`IntermediateBounds`; its
-    default iterations)."""
-    durations: list[float] = []  # CROWN's chunks predict alpha-CROWN's first pass
-    base = crown_intervals(graph, box, given, deadline, durations=durations)
-    config = AlphaCrownConfig()
-    return alpha_crown(
-        graph, box, C, config, intervals=base, deadline=deadline, durations=durations
-    )[2]
 
 
 def _dual_intermediate(make_bound: Callable[..., Any], refuse: Callable[[Graph], Any] | None):
@@ -176,12 +129,15 @@ def decomposition_intermediate(
     )
 
 
-def anderson_intermediate(solve_fn: Callable[..., Any], config_type: type) -> IntermediateBounds:
+def anderson_intermediate(
+    solve_fn: Callable[..., Any], config_type: type, init_fn: Callable[..., Any]
+) -> IntermediateBounds:
     """The intermediate bounds of a dual solver of the Anderson relaxation (`active-set`,
-    `sp-fw`; ReLU chains: a typed refusal up front for other graphs) with its default config."""
+    `sp-fw`; ReLU chains: a typed refusal up front for other graphs) with its default config,
+    from the Big-M duals `init_fn(problem, slopes)`."""
     return _dual_intermediate(
         lambda box, budget, deadline: _anderson_bound(
-            solve_fn, config_type(), box, budget, deadline
+            solve_fn, init_fn, config_type(), box, budget, deadline
         ),
         anderson_layers,
     )

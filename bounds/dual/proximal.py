@@ -42,6 +42,9 @@ from bounds.dual.anytime import (
 from bounds.dual.dag import pull_back, push_forward
 from bounds.dual.decomposition import Problem, evaluate, primal, solve_block
 from bounds.dual.duals import Duals
+from bounds.dual.intermediate import decomposition_intermediate
+from bounds.dual.method_start import decomposition_method
+from bounds.registry import Relaxation, register_method
 from bounds.types import Budget
 from kernels import backend as kernel_backend
 from kernels.prox_relu_block import prox_block_update, prox_neg_rho, prox_relu_oracle
@@ -359,3 +362,10 @@ def solve(
     best = Best(state.best_value, Duals(state.best_rho))
     sweeps = min(clock.iterations, (k + 1) * config.inner) if outer else 0
     return finalize(problem, best, clock, sweeps)
+
+
+register_method(
+    "prox", ProximalConfig, "Lagrangian decomposition, proximal method",
+    intermediate=decomposition_intermediate(solve, ProximalConfig), hard_bounder=True,
+    root_intermediate=True, relaxation=Relaxation.PLANET,
+)(decomposition_method(solve))  # fmt: skip

@@ -48,7 +48,10 @@ from bounds.dual.anderson.evaluation import AndersonDuals, Primal
 from bounds.dual.anderson.problem import AndersonProblem
 from bounds.dual.anderson.separation import candidates
 from bounds.dual.anytime import Best, Clock, DecompositionOptions
+from bounds.dual.intermediate import anderson_intermediate
+from bounds.dual.method_start import anderson_method
 from bounds.methods.pacing import deadline_of
+from bounds.registry import Relaxation, register_method
 from bounds.types import Budget, rounded_down
 
 
@@ -424,3 +427,11 @@ def solve(
     stats["big_m_seconds"] = big_m.stats["solver_seconds"]
     stats["seconds"] = time.perf_counter() - begin
     return SpFwResult(lower, state.best, big_m, stats)
+
+
+register_method(
+    "sp-fw", SpFwConfig,
+    "Anderson relaxation by saddle-point Frank-Wolfe, linear memory (ReLU chains)",
+    intermediate=anderson_intermediate(solve, SpFwConfig, active_set.big_m_from_slopes),
+    root_intermediate=True, relaxation=Relaxation.ANDERSON,
+)(anderson_method(solve, active_set.big_m_from_slopes))  # fmt: skip

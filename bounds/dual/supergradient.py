@@ -23,7 +23,10 @@ from bounds.dual.anytime import (
 )
 from bounds.dual.decomposition import Problem, evaluate, supergradient
 from bounds.dual.duals import Duals
+from bounds.dual.intermediate import decomposition_intermediate
+from bounds.dual.method_start import decomposition_method
 from bounds.optim import adam_ascent, identity
+from bounds.registry import Relaxation, register_method
 from bounds.types import Budget
 
 
@@ -104,3 +107,10 @@ def solve(
             break
     best = Best(state.best_value, Duals(state.best_rho))
     return finalize(problem, best, clock, it + 1 if clock.iterations else 0)
+
+
+register_method(
+    "supergradient", SupergradientConfig, "Lagrangian decomposition, supergradient ascent",
+    intermediate=decomposition_intermediate(solve, SupergradientConfig),
+    relaxation=Relaxation.PLANET,
+)(decomposition_method(solve))  # fmt: skip

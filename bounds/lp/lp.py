@@ -42,8 +42,9 @@ from bounds.dual.certified import certified_value
 from bounds.dual.dag import decompose
 from bounds.errors import UnsupportedOperationError
 from bounds.graph.graph import Graph
-from bounds.methods.crown import output_functional
+from bounds.methods.crown import interval_bound, output_functional
 from bounds.ops import ActivationOp, UnaryAffineOp
+from bounds.registry import MethodResult, intermediate_intervals, register_method
 from bounds.types import Interval
 from relaxations.base import RELU_PIECES  # None: no big-M (tests compare the two encodings)
 
@@ -455,3 +456,39 @@ def milp(
     config = config or LpConfig()
     values, stats = _optimise(graph, box, C, intervals, config, True, 2, deadline, fallback)
     return _as_bounds(values, stats, C.shape[1])
+
+
+def _reference(solve):
+    """The LP or MILP method: intermediate bounds, then one solve per spec and side. With a
+    seconds budget, the solves left when it runs out keep the interval bound of the output
+    (sound, looser); `stats['unsolved']` counts them."""
+
+    def run(graph, box, C, config, budget, given, exact=True) -> MethodResult:  # always exact
+        start = time.monotonic()
+        deadline = start + budget.seconds if budget is not None and budget.seconds else None
+        intervals = intermediate_intervals(
+            graph, box, C, config.intermediate, config.intermediate_iterations, given, deadline
+        )
+        fallback = interval_bound(C, intervals[graph.output.name])
+        lower, upper, stats = solve(
+            graph, box, C, intervals, config, deadline=deadline, fallback=fallback
+        )
+        return lower, upper, intervals, {"solves": stats["solves"], "unsolved": stats["unsolved"]}
+
+    return run
+
+
+register_method("lp", LpConfig, "LP of the relaxations for the chosen intermediate bounds (cvxpy)")(
+    _reference(planet_lp)
+)
+register_method("milp", LpConfig, "exact MILP from the relaxations' pieces (tiny nets)")(
+    _reference(milp)
+)
+
+
+register_method("lp", LpConfig, "LP of the relaxations for the chosen intermediate bounds (cvxpy)")(
+    _reference(planet_lp)
+)
+register_method("milp", LpConfig, "exact MILP from the relaxations' pieces (tiny nets)")(
+    _reference(milp)
+)

@@ -47,6 +47,7 @@ from bounds.methods.crown import (
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.methods.patches import Windows, read_windows
 from bounds.optim import adam_ascent
+from bounds.registry import IntermediateBounds, MethodResult, register_method
 from bounds.rounding import in_float64, intervals_in_float64, intervals_outward
 from bounds.types import Budget, Interval, rounded_down
 
@@ -472,3 +473,28 @@ def _sound_pass(p: _Problem, final: dict, state: AlphaState) -> tuple[Tensor, di
     result = rounded_down(result, dtype)
     sound = intervals_outward(intervals, dtype)
     return result, {k: iv.intersect(p.base[k]) for k, iv in sound.items()}
+
+
+def alpha_crown_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """alpha-CROWN's intervals, its slopes optimised for `C` (`IntermediateBounds`; its
+    default iterations), CROWN's chunks predicting its first pass."""
+    durations: list[float] = []
+    base = crown_intervals(graph, box, given, deadline, durations=durations)
+    config = AlphaCrownConfig()
+    return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline,
+                       durations=durations)[2]  # fmt: skip
+
+
+@register_method(
+    "alpha-crown", AlphaCrownConfig, "CROWN with optimised slopes (Adam)",
+    intermediate=alpha_crown_intermediate,
+)  # fmt: skip
+def _alpha_crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
+    deadline = deadline_of(budget)
+    base = crown_intervals(graph, box, given, deadline, exact=exact) if given else None
+    return alpha_crown(graph, box, C, config, budget, intervals=base, deadline=deadline,
+                       exact=exact)  # fmt: skip

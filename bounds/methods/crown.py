@@ -36,7 +36,7 @@ from bounds.methods.backward import (
     relaxation_bounds,
 )
 from bounds.methods.chunks import ChunkLinesFn, bound_in_chunks, predicted_past, unit_functionals
-from bounds.methods.pacing import passed
+from bounds.methods.pacing import deadline_of, passed
 from bounds.methods.patches import (
     Windows,
     masked,
@@ -46,6 +46,7 @@ from bounds.methods.patches import (
     unit_windows,
 )
 from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, UnaryAffineOp
+from bounds.registry import IntermediateBounds, MethodResult, NoConfig, register_method
 from bounds.rounding import (
     bounds_in_float64,
     error_bound,
@@ -390,3 +391,19 @@ def crown(
         )
     lower, upper = split_output(result)
     return lower, upper, intervals
+
+
+def crown_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """CROWN's intervals (`IntermediateBounds`)."""
+    return crown_intervals(graph, box, given, deadline)
+
+
+@register_method(
+    "crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds", intermediate=crown_intermediate
+)
+def _crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
+    return (*crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact), {})

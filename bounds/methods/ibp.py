@@ -7,6 +7,7 @@ from torch import Tensor
 
 from bounds.graph.graph import Graph
 from bounds.methods.crown import interval_bound, split_output
+from bounds.registry import IntermediateBounds, MethodResult, NoConfig, register_method
 from bounds.rounding import bounds_in_float64
 from bounds.types import Interval
 
@@ -23,3 +24,17 @@ def ibp(
     intervals = graph.interval(box, given)
     lower, upper = split_output(interval_bound(C, intervals[graph.output.name]))
     return lower, upper, intervals
+
+
+def ibp_intermediate(
+    graph: Graph, box: Interval, C: Tensor, iterations: int = 50,
+    given: dict[str, Interval] | None = None, deadline: float | None = None,
+    start: IntermediateBounds | None = None,
+) -> dict[str, Interval]:  # fmt: skip
+    """Interval bound propagation's intervals (`IntermediateBounds`)."""
+    return graph.interval(box, given)
+
+
+@register_method("ibp", NoConfig, "interval bound propagation", intermediate=ibp_intermediate)
+def _ibp(graph, box, C, config, budget, given, exact=True) -> MethodResult:
+    return (*ibp(graph, box, C, given, exact), {})
