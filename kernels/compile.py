@@ -38,11 +38,13 @@ BACKEND: Any = "inductor"  # tests swap in a counting backend
 RECOMPILE_LIMIT = 64  # graphs per step: one per network architecture (and spec count) seen
 _COMPILED: dict[tuple[Callable, Any], Callable] = {}
 _FAILED: set[Callable] = set()  # steps whose compile failed: eager for the rest of the process
-_COMPILE_ERRORS = tuple(
-    getattr(torch._dynamo.exc, name)
-    for name in ("TorchDynamoException", "FailOnRecompileLimitHit")
-    if hasattr(torch._dynamo.exc, name)
-)
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """Dynamo's exceptions that mean "run this step eagerly" (looked up when one is raised:
+    touching `torch._dynamo` at import costs about 3 s)."""
+    names = ("TorchDynamoException", "FailOnRecompileLimitHit")
+    return tuple(getattr(torch._dynamo.exc, n) for n in names if hasattr(torch._dynamo.exc, n))
 
 
 def check_mode(mode: CompileMode, error: type[Exception] = ValueError) -> CompileMode:
@@ -140,7 +142,7 @@ class CompiledStep:
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 out = self._fn(*args, **kwargs)
-        except _COMPILE_ERRORS as error:
+        except _compile_errors() as error:
             cause = (str(error).strip().splitlines() or [""])[0][:300]
             return self._fallback(f"{type(error).__name__}: {cause}", args, kwargs)
         if compile_cost.graphs_compiled() > graphs:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters
 
 from kernels import backend as kernel_backend
 
@@ -96,8 +96,10 @@ def record(step: Callable, backend: Hashable) -> StepRecord:
 
 
 def graphs_compiled() -> int:
-    """Graphs Dynamo has compiled in this process (its `unique_graphs` counter)."""
-    return counters["stats"]["unique_graphs"]
+    """Graphs Dynamo has compiled in this process (its `unique_graphs` counter; 0 while Dynamo
+    is not loaded: importing it costs about 3 s, which `import verify` no longer pays)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else utils.counters["stats"]["unique_graphs"]
 
 
 def predicted_seconds(step: Callable, backend: Hashable, device_type: str) -> float:
