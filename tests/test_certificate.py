@@ -1,0 +1,160 @@
+"""Proof certificates (issue 26): the writer of input splitting and the independent checker."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pathlib
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import verify
+from verify.bab.input.certify import RecordingBounder
+from verify.certificate import check_certificate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(2, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(),
+                         nn.Linear(12, 2)).eval()  # fmt: skip
+
+
+def _threshold(net: nn.Module) -> float:
+    grid = torch.stack(torch.meshgrid(*[torch.linspace(-1, 1, 201)] * 2, indexing="ij"), -1)
+    with torch.no_grad():
+        y = net(grid.reshape(-1, 2))
+    gap = y[:, 0]
+    return float(gap.max() + 0.002 * (gap.max() - gap.min()))
+
+
+@pytest.fixture
+def instance(tmp_path):
+    net = _net()
+    onnx_path, spec_path = tmp_path / "net.onnx", tmp_path / "prop.vnnlib"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    t = _threshold(net)
+    lines = ["(declare-const X_0 Real)", "(declare-const X_1 Real)",
+             "(declare-const Y_0 Real)", "(declare-const Y_1 Real)",
+             "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+             "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+             f"(assert (or (and (>= Y_0 Y_1) (>= Y_0 {t!r})) (and (>= Y_1 {t + 5!r}))))"]  # fmt: skip
+    spec_path.write_text("\n".join(lines) + "\n")
+    cert = tmp_path / "out.cert"
+    result = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert result.status == "unsat"
+    return onnx_path, spec_path, cert
+
+
+def _rewrite(cert, edit) -> None:
+    """Apply `edit(name, array) -> array | None` (None: unchanged) to every `.npy` member."""
+    with zipfile.ZipFile(cert) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    with zipfile.ZipFile(cert, "w") as zf:
+        for name, data in members.items():
+            if name.endswith(".npy"):
+                array = np.load(io.BytesIO(data))
+                new = edit(name, array.copy())
+                if new is not None:
+                    buffer = io.BytesIO()
+                    np.save(buffer, new)
+                    data = buffer.getvalue()
+            zf.writestr(name, data)
+
+
+def test_valid_and_format(instance):
+    onnx_path, spec_path, cert = instance
+    assert check_certificate(onnx_path, spec_path, cert).valid
+    with zipfile.ZipFile(cert) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    assert manifest["format"] == "ldverify-certificate" and manifest["version"] == 1
+    assert manifest["answer"] == "unsat" and manifest["regions"] == 1
+    with np.load(cert) as npz:
+        assert sum(len(npz[n]) for n in npz.files if n.endswith("split_ints")) > 0
+
+
+def _first(suffix):
+    return lambda name: name.startswith("b") and name.endswith(suffix)
+
+
+MUTATIONS = {
+    "remove a leaf": ("leaf_ints.npy", lambda a: np.concatenate([a[:-1], a[:1] * 0 + [0, 99999, 0]])
+                      , "no such node"),
+    "move a split point": ("split_point.npy", lambda a: a + 0.3, "box"),
+    "flip a child": ("split_ints.npy", lambda a: a[:, [0, 1, 2, 4, 3]], "box"),
+    "scale lambda": ("leaf_lambda.npy", lambda a: a * 1e3, "exceeds the re-derived"),
+    "alpha outside": ("leaf_alpha0.npy", lambda a: a + 2.0, "outside [0, 1]"),
+    "lambda negative": ("leaf_lambda.npy", lambda a: -a, "lambda"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_mutations_rejected(instance, mutation):
+    onnx_path, spec_path, cert = instance
+    suffix, change, words = MUTATIONS[mutation]
+    if mutation == "scale lambda":  # the claim scales too little: raise the claim itself
+        suffix, change = "leaf_claim.npy", lambda a: a * 1e3
+    _rewrite(cert, lambda name, a: change(a) if name.endswith(suffix) else None)
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and words in result.reason, result.reason
+
+
+def test_removed_leaf_breaks_coverage(instance):
+    onnx_path, spec_path, cert = instance
+    def drop(name, a):
+        return a[1:] if "_leaf_" in name else None
+    _rewrite(cert, drop)
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and "coverage" in result.reason, result.reason
+
+
+def test_hashes(instance):
+    onnx_path, spec_path, cert = instance
+    text = spec_path.read_text()
+    spec_path.write_text(text.replace("(<= X_0 1.0)", "(<= X_0 1.5)"))
+    assert "property_sha256" in check_certificate(onnx_path, spec_path, cert).reason
+    spec_path.write_text(text)
+    data = bytearray(onnx_path.read_bytes())
+    data[-40] ^= 1
+    onnx_path.write_bytes(bytes(data))
+    assert "network_sha256" in check_certificate(onnx_path, spec_path, cert).reason
+
+
+def test_unsound_bounder_rejected(tmp_path, monkeypatch):
+    net = _net()
+    onnx_path, spec_path = tmp_path / "net.onnx", tmp_path / "prop.vnnlib"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    t = _threshold(net) + 0.0
+    spec_path.write_text("\n".join([
+        "(declare-const X_0 Real)", "(declare-const X_1 Real)", "(declare-const Y_0 Real)",
+        "(declare-const Y_1 Real)", "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+        "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+        f"(assert (>= Y_0 {t!r}))"]) + "\n")  # fmt: skip
+    original = RecordingBounder._call_bounds  # the bounder of certificate mode, planted unsound
+
+    def unsound(self, *args, **kwargs):
+        return original(self, *args, **kwargs) + 1.0
+
+    monkeypatch.setattr(RecordingBounder, "_call_bounds", unsound)
+    config = verify.BabConfig(float64_recheck=False)
+    cert = tmp_path / "bad.cert"
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=30, certificate=cert,
+                           config=config)  # fmt: skip
+    assert answer.status == "unsat"  # the planted bounder closes the root at once
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and "exceeds the re-derived" in result.reason, result
+
+
+def test_checker_imports_no_engine():
+    for path in (ROOT / "verify" / "certificate").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.startswith(("bounds", "relaxations", "verify.bab")), (path, name)
