@@ -136,12 +136,17 @@ def test_unsound_bounder_rejected(tmp_path, monkeypatch):
         "(declare-const Y_1 Real)", "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
         "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
         f"(assert (>= Y_0 {t!r}))"]) + "\n")  # fmt: skip
-    original = RecordingBounder._call_bounds  # the bounder of certificate mode, planted unsound
+    search, certify = RecordingBounder._call_bounds, RecordingBounder.certify_rows
 
-    def unsound(self, *args, **kwargs):
-        return original(self, *args, **kwargs) + 1.0
+    def unsound_search(self, *args, **kwargs):  # every bound of the search, 1.0 too high
+        return search(self, *args, **kwargs) + 1.0
 
-    monkeypatch.setattr(RecordingBounder, "_call_bounds", unsound)
+    def unsound_certify(self, *args, **kwargs):  # and the bounds of its leaves
+        rows, alphas = certify(self, *args, **kwargs)
+        return rows + 1.0, alphas
+
+    monkeypatch.setattr(RecordingBounder, "_call_bounds", unsound_search)
+    monkeypatch.setattr(RecordingBounder, "certify_rows", unsound_certify)
     config = verify.BabConfig(float64_recheck=False)
     cert = tmp_path / "bad.cert"
     answer = verify.verify(str(onnx_path), str(spec_path), timeout=30, certificate=cert,

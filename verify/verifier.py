@@ -32,6 +32,7 @@ from verify.bab.common import RegionOutcome
 from verify.bab.input.certify import CertifyingBab, Recorder, certificate_config
 from verify.certificate.store import CertificateWriter, sha256_file
 from verify.distributed.shards import ShardedSolver
+from verify.errors import CertificateUnsupportedError
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
@@ -173,14 +174,15 @@ def verify(
     `(network_sha256, property_sha256)` must be given. Certificate mode bounds by plain CROWN
     with input splitting, one worker (`CertificateUnsupportedError` otherwise).
     """
-    if certificate is not None:
-        return _verify_certified(net, spec, certificate, hashes, timeout=timeout,
-                                 method=method, config=config, seed=seed)  # fmt: skip
     seconds = check_timeout(timeout)
-    solve = region_solver(check_workers(workers), ray_address)  # may start Ray: before the clock
     config = replace(config or BabConfig(), method=method)
     if splitting is not None:
         config = replace(config, splitting=splitting)
+    if certificate is not None:
+        if check_workers(workers) != 1 or ray_address is not None:
+            raise CertificateUnsupportedError("certificates are written by one worker only")
+        return _verify_certified(net, spec, certificate, hashes, seconds, config, seed)
+    solve = region_solver(check_workers(workers), ray_address)  # may start Ray: before the clock
     return _run(net, spec, solve, seconds, config, seed)
 
 
@@ -215,14 +217,13 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
     return VerificationResult(status, found, time.monotonic() - start, stats)
 
 
-def _verify_certified(net, spec, path, hashes, *, timeout, method, config, seed):
+def _verify_certified(net, spec, path, hashes, seconds: float, config: BabConfig, seed: int):
     """`verify` writing a certificate to `path` (its docstring)."""
     if hashes is None:
         if not isinstance(net, (str, os.PathLike)) or not isinstance(spec, (str, os.PathLike)):
             raise TypeError("certificate: give the network and property as paths, or hashes")
         hashes = (sha256_file(net), sha256_file(spec))
-    seconds = check_timeout(timeout)
-    config = certificate_config(replace(config or BabConfig(), method=method))
+    config = certificate_config(config)
     net, loaded = _load(net, spec)
     writer = CertificateWriter(path, *hashes)
     index = {id(r): k for k, r in enumerate(loaded.regions)}

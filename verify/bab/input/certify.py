@@ -1,16 +1,20 @@
 """Certificates of input splitting (issue 26; format: `verify.certificate`): `CertifyingBab`,
 the input-splitting search with its bounder recording every split and every closed domain.
 
-Only plain CROWN on ReLU networks can give a leaf's parameters (the lower slopes alpha of the
-final backward pass: CROWN's adaptive ones, from the intermediate bounds of the call that
-closed the domain), so certificate mode bounds every domain by CROWN (`certificate_config`:
-no strong method) and refuses any other method with `CertificateUnsupportedError`, as it does
-ReLU splitting. Splits are read off the kept sibling pairs the bounder confirms (left child `i`
-and right child `i + n`: the parent is their union, the split where they differ), so the
-brancher's trial of several dimensions is unchanged. A closed domain gives one leaf per polytope:
-the row of largest margin, as a lambda over the polytope's rows (a combination row of
-`UnsafeSpec.with_combinations` is the mean of its rows), claiming its float32 bound less the
-pruning tolerance."""
+Only plain CROWN on ReLU networks can give a leaf's parameters here (the lower slopes alpha of
+the final backward pass: CROWN's adaptive ones), so certificate mode bounds every domain by CROWN
+(`certificate_config`: no strong method) and refuses any other method, and ReLU splitting, with
+`CertificateUnsupportedError` (no fallback: the caller chose them). Splits are read off the kept
+sibling pairs the bounder confirms (left child `i` and right child `i + n`: the parent is their
+union, the split where they differ), so the brancher's trial of several dimensions is unchanged.
+
+A closed domain's leaves come from its box bounded alone (`RecordingBounder.certify_rows`: CROWN
+with every neuron bounded, float64, rounding tracked, the checker's procedure), since a batch's
+bound can be a little tighter than any box's alone: the claim is the smaller of that bound and
+the search's, less the pruning tolerance, and a domain whose claims do not exclude every
+polytope is reopened and split further (never an uncheckable leaf). One leaf per polytope: the
+row of largest claim, as a lambda over the polytope's rows (a combination row of
+`UnsafeSpec.with_combinations` is the mean of its rows, `combination_weights`)."""
 
 from __future__ import annotations
 
@@ -22,11 +26,12 @@ import torch
 from torch import Tensor, nn
 
 from bounds.graph.graph import Graph
-from bounds.types import Budget
+from bounds.methods.crown import crown
+from bounds.types import Interval, rounded_down
+from verify.attack import min_max
 from verify.bab.config import BabConfig
 from verify.bab.input.bounder import InputBounder
 from verify.bab.input.domains import Domains
-from verify.bab.input.methods import bounds
 from verify.bab.input.search import RegionBab
 from verify.certificate.store import CertificateWriter
 from verify.errors import CertificateUnsupportedError
@@ -37,14 +42,14 @@ FLUSH = 4096  # records buffered before a batch is appended
 
 def certificate_config(config: BabConfig) -> BabConfig:
     """`config` for certificate mode: CROWN for every domain (no strong method), input
-    splitting, one trial dimension per split (the slopes are those of the kept children); `CertificateUnsupportedError` for another method or ReLU splitting."""
+    splitting; `CertificateUnsupportedError` for another method or ReLU splitting."""
     if config.method != "crown":
         raise CertificateUnsupportedError(
             f"method {config.method!r} cannot give its parameters for a certificate; use 'crown'"
         )
     if config.splitting == "relu":
         raise CertificateUnsupportedError("ReLU splitting cannot write certificates yet")
-    return replace(config, strong_method=None, splitting="input", trial_dims=1)
+    return replace(config, strong_method=None, splitting="input")
 
 
 def combination_weights(region: Region, max_rows: int = 6) -> list[tuple[int, np.ndarray]]:
@@ -99,20 +104,19 @@ class Recorder:
             left, right = self.node(ll, lu, True), self.node(rl, ru, True)
             self.splits.append((self.region, parent, dim, float(lu[dim]), left, right))
 
-    def closed(self, d: Domains, rows: Tensor, index: Tensor, tol: Tensor,
-               alphas: list[Tensor]) -> None:  # fmt: skip
-        """One leaf per polytope of each closed domain `index`: its best row's lambda, claiming
-        its bound `rows` less `tol`."""
-        rows = (rows[index].double() - tol.double()).cpu().numpy()
-        for k, i in enumerate(index.tolist()):
-            node = self.node(d.lower[i], d.upper[i])
+    def closed(self, lower: Tensor, upper: Tensor, claims: Tensor, alphas: list[Tensor]) -> None:
+        """One leaf per polytope of each closed box: its row of largest `claims` (a lower
+        bound of `C y - b` less the tolerance) as a lambda over the polytope's rows."""
+        claims_np = claims.cpu().numpy()
+        lows, ups = lower.double().cpu().numpy(), upper.double().cpu().numpy()
+        slopes = [a.cpu().numpy() for a in alphas]
+        for k in range(len(lows)):
+            node = self.node(lower[k], upper[k])
             for poly in range(self.n_polytopes):
                 mine = np.nonzero(self.owner == poly)[0]
-                best = mine[np.argmax(rows[k, mine])]
-                self.leaves.append((self.region, node, poly, self.lambdas[best], rows[k, best],
-                                    d.lower[i].double().cpu().numpy(),
-                                    d.upper[i].double().cpu().numpy(),
-                                    [a[i].double().cpu().numpy() for a in alphas]))  # fmt: skip
+                best = mine[np.argmax(claims_np[k, mine])]
+                self.leaves.append((self.region, node, poly, self.lambdas[best], claims_np[k, best],
+                                    lows[k], ups[k], [a[k] for a in slopes]))  # fmt: skip
         if len(self.splits) + len(self.leaves) >= FLUSH:
             self.flush()
 
@@ -138,52 +142,55 @@ class RecordingBounder(InputBounder):
     """The CROWN bounder, recording (module docstring); `recorder` set after construction."""
 
     recorder: Recorder
-    captured: list[list[Tensor]]
-    rows64: Tensor | None = None
     at_root = True
 
-    def measure(self, d: Domains) -> tuple[Domains, Tensor, dict[str, Tensor]]:
-        self.captured = []
-        return super().measure(d)
-
-    def _call_bounds(self, lower, upper, strong: bool, slopes: list | None = None) -> Tensor:
-        method, _ = self.methods[strong]
-        result = bounds(self.graph, lower=lower.reshape(-1, *self.shape),
-                        upper=upper.reshape(-1, *self.shape), C=self.spec.C, method=method,
-                        exact=False, budget=Budget(seconds=max(1e-3, self.clock.left())),
-                        config=self.configs[strong])  # fmt: skip
-        self.stats["batches"] += 1
-        alphas = []
-        for name in self.graph.pre_activation_names():
-            box = result.intermediate[name]
-            alphas.append((box.upper >= -box.lower).flatten(1).to(torch.float64))
-        self.captured.append(alphas)
-        return result.lower - self.spec.b
-
-    def _bounds64(self, lower, upper, depth, slope_rows, slopes) -> Tensor:
-        self.rows64 = super()._bounds64(lower, upper, depth, slope_rows, slopes)
-        return self.rows64
+    def certify_rows(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Per box alone, CROWN with every neuron of every pre-activation bounded, rounding
+        tracked (`crown(..., every_neuron=True)`, float64): lower bounds of `C y - b` `[K, m]`
+        and CROWN's adaptive lower slopes per ReLU layer `[K, n_j]` (the checker's procedure:
+        a batch's bound can be a little tighter than any box's alone)."""
+        graph, spec = self.check.graph, self.check.spec
+        out, alphas = [], []
+        for start in range(0, len(lower), self.sizer.size):
+            part = slice(start, start + self.sizer.size)
+            box = Interval(*(t[part].to(spec.C.dtype).reshape(-1, *self.shape)
+                             for t in (lower, upper)))  # fmt: skip
+            C = spec.C.expand(box.lower.shape[0], *spec.C.shape)
+            low, _, intervals = crown(graph, box, C, None, True)
+            out.append(low.double() - spec.b.double())
+            alphas.append([(intervals[n].upper >= -intervals[n].lower).flatten(1).double()
+                           for n in graph.pre_activation_names()])  # fmt: skip
+        return torch.cat(out), [torch.cat(parts) for parts in zip(*alphas)]
 
     def confirm(self, d: Domains, slope_rows: Tensor, slopes: dict[str, Tensor]) -> Domains:
-        """The closed domains' leaves claim their float64 recheck's bound (the bound the
-        search trusts; the float32 one when the recheck is off)."""
-        self.rows64 = None
-        before = (d.margin > 0).nonzero().flatten()
+        """`InputBounder.confirm`, then each closed domain's leaves: its box alone bounded by
+        `certify_rows`, claiming the smaller of that and the search's bound (less the pruning
+        tolerance); a domain whose claim does not exclude every polytope is reopened (never an
+        uncheckable leaf)."""
         out = super().confirm(d, slope_rows, slopes)
-        rows = out.rows.double()
-        if self.rows64 is not None:
-            rows[before] = self.rows64.to(rows.device)
         if self.at_root:
             self.recorder.node(d.lower[0], d.upper[0], new=True)
             self.at_root = False
         else:
             self.recorder.pairs(d)
-        alphas = [torch.cat(parts) for parts in zip(*self.captured)]
-        if alphas and alphas[0].shape[0] != len(d):  # k > 1 trial: the kept pairs
-            raise CertificateUnsupportedError("certificates need trial_dims = 1")
-        index = (out.margin > 0).nonzero().flatten()
-        self.recorder.closed(out, rows, index, self.tol, alphas)
-        return out
+        closed = (out.margin > 0).nonzero().flatten()
+        if not len(closed):
+            return out
+        rows, alphas = self.certify_rows(out.lower[closed], out.upper[closed])
+        rows = torch.minimum(rows, out.rows[closed].double().to(rows.device))
+        spec, tol = self.check.spec, self.tol.double().to(rows.device)
+        margin = min_max(rows - tol, spec.owner.to(rows.device), spec.n_polytopes)
+        kept = (margin > 0).to(closed.device)
+        self.recorder.closed(out.lower[closed[kept]], out.upper[closed[kept]], rows[kept] - tol,
+                             [a[kept] for a in alphas])  # fmt: skip
+        reopen = closed[~kept]
+        self.stats["certificate_reopened"] = self.stats.get("certificate_reopened", 0) + len(reopen)
+        if not len(reopen):
+            return out
+        new_rows, new_margin = out.rows.clone(), out.margin.clone()
+        new_rows[reopen] = rounded_down(rows[~kept], new_rows.dtype).to(new_rows.device)
+        new_margin[reopen] = margin[~kept].clamp(max=0).to(new_margin.dtype).to(closed.device)
+        return Domains(out.lower, out.upper, new_rows, new_margin, out.depth)
 
 
 class CertifyingBab(RegionBab):
