@@ -16,6 +16,8 @@ from torch import nn
 import verify
 from verify.bab.input.certify import RecordingBounder
 from verify.certificate import check_certificate
+from verify.cli.main import main
+from verify.errors import CertificateUnsupportedError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -163,3 +165,48 @@ def test_checker_imports_no_engine():
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
                 assert not name.startswith(("bounds", "relaxations", "verify.bab")), (path, name)
+
+
+def _write_spec(path, threshold: float) -> None:
+    path.write_text("\n".join([
+        "(declare-const X_0 Real)", "(declare-const X_1 Real)", "(declare-const Y_0 Real)",
+        "(declare-const Y_1 Real)", "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+        "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+        f"(assert (>= Y_0 {threshold!r}))"]) + "\n")  # fmt: skip
+
+
+def test_sat_certificate_and_cli(tmp_path, capsys):
+    net = _net()
+    onnx_path, spec_path, cert = tmp_path / "net.onnx", tmp_path / "prop.vnnlib", tmp_path / "c"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    _write_spec(spec_path, _threshold(net) - 0.5)
+    code = main(["run", str(onnx_path), str(spec_path), "--timeout", "30", "--certificate",
+                 str(cert)])  # fmt: skip
+    assert code == 0 and capsys.readouterr().out.strip() == "sat"
+    assert main(["check", str(onnx_path), str(spec_path), str(cert)]) == 0
+    assert capsys.readouterr().out.strip() == "valid"
+    _write_spec(spec_path, _threshold(net) + 0.5)
+    assert main(["check", str(onnx_path), str(spec_path), str(cert)]) == 1
+    assert "property_sha256" in capsys.readouterr().out
+
+
+def test_refusals(instance):
+    onnx_path, spec_path, cert = instance
+    for kwargs in ({"splitting": "relu"}, {"method": "alpha-crown"}):
+        with pytest.raises(CertificateUnsupportedError):
+            verify.verify(str(onnx_path), str(spec_path), timeout=5, certificate=cert, **kwargs)
+
+
+ACAS = pathlib.Path("/work/shared/data/vnncomp2022/acasxu")
+
+
+@pytest.mark.skipif(not ACAS.exists(), reason="VNN-COMP 2022 ACAS Xu data absent")
+@pytest.mark.parametrize("net, prop", [("1_1", 1), ("2_1", 3), ("1_2", 3), ("3_3", 4)])
+def test_acasxu_certificates(tmp_path, net, prop):
+    onnx_path = ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx.gz"
+    spec_path = ACAS / "vnnlib" / f"prop_{prop}.vnnlib.gz"
+    cert = tmp_path / "acas.cert"
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert answer.status == "unsat"
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result

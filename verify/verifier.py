@@ -235,9 +235,10 @@ def _verify_certified(net, spec, path, hashes, seconds: float, config: BabConfig
     result = _run(net, loaded, solve, seconds, config, seed)
     if result.status == "sat" and result.counterexample is not None:
         x = result.counterexample[0].detach().double().cpu().numpy().reshape(-1)
-        k = next(k for k, r in enumerate(loaded.regions)
-                 if ((r.lower <= x) & (x <= r.upper)).all())  # fmt: skip
-        writer.append({"sat_x": x, "sat_region": np.array(k)})
+        k = next((k for k, r in enumerate(loaded.regions)
+                  if ((r.lower <= x) & (x <= r.upper)).all()), None)  # fmt: skip
+        if k is not None:  # else no point is stored: the checker answers "invalid"
+            writer.append({"sat_x": x, "sat_region": np.array(k)})
     if result.status in ("sat", "unsat"):
         writer.finish(result.status, len(loaded.regions))
     return result
