@@ -33,6 +33,7 @@ import torch
 from bounds.errors import VerificationInputError
 from verify.bab import BabConfig
 from verify.certificate import check_certificate
+from verify.certificate.store import sha256_file
 from verify.cli import faults
 from verify.cli.options import (
     DEFAULT_METHOD,
@@ -49,6 +50,7 @@ from verify.cli.options import (
 from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.cli.suite import run_suite
 from verify.distributed import cluster, progress
+from verify.errors import CertificateUnsupportedError
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
 from verify.result import VerificationResult
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     every.add_argument("--root", type=Path, help="folder the CSV paths are relative to")
     every.add_argument("--out", type=Path, required=True, help="results CSV to write")
     every.add_argument("--limit", type=count_option(1), help="only the first N instances")
+    every.add_argument("--certificates", type=Path, help="write NET__PROP.cert files here")
     every.add_argument(
         "--timeout-scale", type=seconds_option, default=1.0, help="multiply timeouts (> 0)"
     )
@@ -146,8 +149,12 @@ def run_all(
     """Run every instance; returns the rows written to `args.out`. The first Ctrl-C ends the run
     after writing the current instance as "unknown" (`args.interrupted` is then True)."""
     if distributed(args):
+        if getattr(args, "certificates", None) is not None:
+            raise CertificateUnsupportedError("--certificates needs one worker (no Ray)")
         return run_suite(args, out, errors)
     out, errors = out or sys.stdout, errors or sys.stderr
+    if getattr(args, "certificates", None) is not None and not args.certificates.is_dir():
+        raise VerificationInputError(f"--certificates: {args.certificates} is not a folder")
     check_output_file(args.out, "--out")
     root = args.root or args.instances.parent
     instances = read_instances(args.instances, args.limit, errors)
@@ -189,13 +196,23 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
     budget = instance.timeout * args.timeout_scale - (time.monotonic() - start)
     if budget <= 0:
         return "timeout"
+    certificate = hashes = None
+    if getattr(args, "certificates", None) is not None:
+        certificate = args.certificates / f"{_stem(net_path)}__{_stem(prop_path)}.cert"
+        hashes = (sha256_file(net_path), sha256_file(prop_path))
     result = verify(
         nets[net_path], prop, timeout=budget, method=args.method or DEFAULT_METHOD,
-        splitting=args.splitting, config=config,
+        splitting=args.splitting, config=config, certificate=certificate, hashes=hashes,
     )  # fmt: skip
     if result.stats.get("interrupted"):
         raise KeyboardInterrupt
     return result.status
+
+
+def _stem(path: Path) -> str:
+    """The file's name without `.gz`, `.onnx` or `.vnnlib`."""
+    name = path.name.removesuffix(".gz")
+    return name.removesuffix(".onnx").removesuffix(".vnnlib")
 
 
 def main(argv: list[str] | None = None) -> int:
