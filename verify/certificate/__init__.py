@@ -25,9 +25,9 @@ The checker (`check.check_certificate`) re-derives each leaf's bound with its ow
 outward-rounded IBP and CROWN (`crown64`, `arith`): intermediate bounds of every layer by IBP
 intersected with CROWN at the adaptive slopes (1 where u >= -l, else 0), then the objective's
 backward pass at the leaf's slopes; every rounding is bounded (gamma_n terms, `nextafter`). It
-reads the network with its own ONNX reader (`onnx_plain`) and the property with
-`verify.io.vnnlib_load` (no bound code). It imports nothing from `bounds`, `relaxations` or
-`verify.bab`."""
+reads the network with its own ONNX reader (`onnx_plain`) and the property with its own VNN-LIB
+reader (`vnnlib_plain`); it imports no module of this project outside `verify.certificate`
+(`onnx` and numpy only)."""
 
 from verify.certificate.check import CheckResult, check_certificate
 

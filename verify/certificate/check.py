@@ -1,7 +1,7 @@
 """The independent checker of certificates (format v1, package docstring): `check_certificate`.
 
-It reads the network with its own ONNX reader (`onnx_plain`) and the property with
-`verify.io.vnnlib_load` (a parser with no bound code), and re-proves every leaf with its own
+It reads the network with its own ONNX reader (`onnx_plain`) and the property with its own
+VNN-LIB reader (`vnnlib_plain`), and re-proves every leaf with its own
 float64, outward-rounded IBP and CROWN (`crown64`). Theorems relied on:
 - (C1) the tree covers each region: node 0 is the region's box; a split of node B along `dim`
   at `point` (within B's range) gives B ∩ {x_dim <= point} and B ∩ {x_dim >= point}, whose
@@ -27,7 +27,7 @@ from verify.certificate.arith import affine_interval, matmul_lo
 from verify.certificate.crown64 import Layer, backward, intervals, point_interval
 from verify.certificate.onnx_plain import UnsupportedModelError, read_bytes, read_network
 from verify.certificate.store import FORMAT, VERSION, read_batches, read_manifest, sha256_file
-from verify.io.vnnlib_load import load_vnnlib
+from verify.certificate.vnnlib_plain import UnsupportedPropertyError, read_property
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def _check(net_path, spec_path, cert_path) -> None:
     if manifest.get("property_sha256") != sha256_file(spec_path):
         raise CertificateInvalidError("hash: the property file is not the one certified (property_sha256)")
     layers, _ = read_network(read_bytes(net_path))
-    regions = load_vnnlib(spec_path).regions
+    regions = read_property(read_bytes(spec_path))
     if manifest.get("regions") != len(regions):
         raise CertificateInvalidError(f"manifest: {manifest.get('regions')} regions, the property has "
                       f"{len(regions)}")  # fmt: skip
@@ -219,6 +219,6 @@ def check_certificate(
         _check(net_path, spec_path, cert_path)
     except CertificateInvalidError as error:
         return CheckResult(False, str(error))
-    except (UnsupportedModelError, KeyError, ValueError, TypeError, OSError) as error:
+    except (UnsupportedModelError, UnsupportedPropertyError, KeyError, ValueError, TypeError, OSError) as error:
         return CheckResult(False, f"unreadable: {type(error).__name__}: {error}")
     return CheckResult(True)

@@ -1,0 +1,127 @@
+"""The checker's own VNN-LIB reader, for the forms of VNN-COMP 2022 ACAS Xu and mnist_fc: each
+`assert` is an atom, an `(and atoms)` or an `(or (and atoms) ...)`; an atom compares an input
+`X_i` with a number (input box) or outputs `Y_i` with each other or a number, with `<=` or `>=`.
+
+The property's inputs are the disjunction (over the asserts' cross product, in file order) of
+input boxes, its unsafe set the disjunction of output polytopes `{y : A y <= b}` (rows in
+atom order). Each box is a `Region(lower, upper, unsafe)` with every polytope: the same regions
+and rows, in the same order, as `verify.io.vnnlib_load` reads them for these forms. Anything
+else raises `UnsupportedPropertyError`."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+TOKEN = re.compile(r"\(|\)|[^\s()]+")
+VAR = re.compile(r"([XY])_(\d+)$")
+
+
+class UnsupportedPropertyError(ValueError):
+    """The VNN-LIB file uses a form the checker does not read."""
+
+
+@dataclass(frozen=True)
+class Polytope:
+    A: np.ndarray
+    b: np.ndarray
+
+
+@dataclass(frozen=True)
+class Region:
+    lower: np.ndarray
+    upper: np.ndarray
+    unsafe: tuple[Polytope, ...]
+
+
+def _tree(text: str) -> list:
+    stack: list[list] = [[]]
+    for tok in TOKEN.findall(text):
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(tok)
+    if len(stack) != 1:
+        raise UnsupportedPropertyError("unbalanced parentheses")
+    return stack[0]
+
+
+def _term(tok) -> tuple[str, int] | float:
+    if not isinstance(tok, str):
+        raise UnsupportedPropertyError(f"term {tok} is not a variable or a number")
+    m = VAR.match(tok)
+    return (m.group(1), int(m.group(2))) if m else float(tok)
+
+
+def _atom(expr: list) -> tuple:
+    """`(kind, data)`: ("X", (i, low, high)) or ("Y", (coefficients {j: a}, b)) for `a.y <= b`."""
+    if len(expr) != 3 or expr[0] not in ("<=", ">="):
+        raise UnsupportedPropertyError(f"atom {expr} is not a comparison")
+    left, right = _term(expr[1]), _term(expr[2])
+    if expr[0] == ">=":
+        left, right = right, left  # left <= right
+    if isinstance(left, tuple) and left[0] == "X" and isinstance(right, float):
+        return ("X", (left[1], -np.inf, right))
+    if isinstance(right, tuple) and right[0] == "X" and isinstance(left, float):
+        return ("X", (right[1], left, np.inf))
+    coef: dict[int, float] = {}
+    if isinstance(left, tuple) and left[0] == "Y":
+        coef[left[1]] = coef.get(left[1], 0.0) + 1.0
+    if isinstance(right, tuple) and right[0] == "Y":
+        coef[right[1]] = coef.get(right[1], 0.0) - 1.0
+    const = (right if isinstance(right, float) else 0.0) - (left if isinstance(left, float) else 0.0)
+    if not coef or (isinstance(left, tuple) and left[0] == "X") or (isinstance(right, tuple)
+                                                                      and right[0] == "X"):
+        raise UnsupportedPropertyError(f"atom {expr} mixes inputs and outputs")
+    return ("Y", (coef, const))
+
+
+def _dnf(expr: list) -> list[list[tuple]]:
+    """An assert's body as alternatives, each a list of atoms."""
+    if expr and expr[0] == "or":
+        return [a for part in expr[1:] for a in _dnf(part)]
+    if expr and expr[0] == "and":
+        return [[_atom(e) for e in expr[1:]]]
+    return [[_atom(expr)]]
+
+
+def read_property(data: bytes) -> list[Region]:
+    """The regions of a VNN-LIB file's bytes (gzip or not)."""
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    text = re.sub(r";[^\n]*", "", data.decode())
+    n = {"X": 0, "Y": 0}
+    inputs, outputs = [[]], [[]]
+    for expr in _tree(text):
+        if expr[0] == "declare-const":
+            kind, index = _term(expr[1])
+            n[kind] = max(n[kind], index + 1)
+        elif expr[0] == "assert":
+            alternatives = _dnf(expr[1])
+            kinds = {atom[0] for alt in alternatives for atom in alt}
+            if len(kinds) != 1:
+                raise UnsupportedPropertyError("an assert mixes inputs and outputs")
+            target = inputs if kinds == {"X"} else outputs
+            target[:] = [a + b for a, b in itertools.product(target, alternatives)]
+    regions = []
+    for alt in inputs:
+        lower, upper = np.full(n["X"], -np.inf), np.full(n["X"], np.inf)
+        for _, (i, low, high) in alt:
+            lower[i], upper[i] = max(lower[i], low), min(upper[i], high)
+        polytopes = []
+        for rows in outputs:
+            A, b = np.zeros((len(rows), n["Y"])), np.zeros(len(rows))
+            for r, (_, (coef, const)) in enumerate(rows):
+                for j, a in coef.items():
+                    A[r, j] = a
+                b[r] = const
+            polytopes.append(Polytope(A, b))
+        regions.append(Region(lower, upper, tuple(polytopes)))
+    return regions
