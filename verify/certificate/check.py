@@ -193,6 +193,9 @@ def _check(net_path, spec_path, cert_path) -> None:
     if manifest.get("regions") != len(regions):
         raise CertificateInvalidError(f"manifest: {manifest.get('regions')} regions, the property has "
                       f"{len(regions)}")  # fmt: skip
+    for k, r in enumerate(regions):
+        if not (np.isfinite(r.lower).all() and np.isfinite(r.upper).all()):
+            raise CertificateInvalidError(f"region {k}: its input box is not bounded")
     checker, batches = Checker(layers, regions), int(manifest.get("batches", 0))
     if manifest.get("answer") == "sat":
         for batch in read_batches(cert_path, batches):

@@ -64,7 +64,10 @@ class Chain:
         self.n = w.shape[0]
 
     def bias(self, const: np.ndarray, sign: float) -> None:
-        """Add `sign * const` (broadcast): folded into a zero bias, else a layer of its own."""
+        """Add `sign * const` (broadcast): folded into a zero bias, else a layer of its own.
+        Only a scalar or a constant of shape `(1, ..., 1, n)` (elementwise on the flat value)."""
+        if const.size > 1 and (const.size != self.n or any(d != 1 for d in const.shape[:-1])):
+            raise UnsupportedModelError(f"a constant of shape {const.shape} on {self.n} values")
         c = sign * np.broadcast_to(const.reshape(-1) if const.size > 1 else const, (self.n,))
         last = self.layers[-1] if self.layers else None
         if last is not None and not last[2] and not last[1].any():

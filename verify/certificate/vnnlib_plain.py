@@ -2,18 +2,23 @@
 `assert` is an atom, an `(and atoms)` or an `(or (and atoms) ...)`; an atom compares an input
 `X_i` with a number (input box) or outputs `Y_i` with each other or a number, with `<=` or `>=`.
 
-The property's inputs are the disjunction (over the asserts' cross product, in file order) of
+Numbers are read exactly (`Fraction`) and rounded outwards to float64: box bounds away from the
+box, right-hand sides `b` up (a larger unsafe set; excluding it excludes the file's). The
+property's inputs are the disjunction (over the asserts' cross product, in file order) of
 input boxes, its unsafe set the disjunction of output polytopes `{y : A y <= b}` (rows in
 atom order). Each box is a `Region(lower, upper, unsafe)` with every polytope: the same regions
-and rows, in the same order, as `verify.io.vnnlib_load` reads them for these forms. Anything
+and rows, in the same order, as `verify.io.vnnlib_load` reads them for these forms (within the
+outward rounding). Anything
 else raises `UnsupportedPropertyError`."""
 
 from __future__ import annotations
 
 import gzip
 import itertools
+import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -53,11 +58,23 @@ def _tree(text: str) -> list:
     return stack[0]
 
 
-def _term(tok) -> tuple[str, int] | float:
+def _term(tok) -> tuple[str, int] | Fraction:
+    """A variable `(kind, index)` or the number's exact value."""
     if not isinstance(tok, str):
         raise UnsupportedPropertyError(f"term {tok} is not a variable or a number")
     m = VAR.match(tok)
-    return (m.group(1), int(m.group(2))) if m else float(tok)
+    return (m.group(1), int(m.group(2))) if m else Fraction(tok)
+
+
+def rounded(value: Fraction, upward: bool) -> float:
+    """The nearest float64 on the side of `upward` (exact values stay as they are): the input
+    box and the unsafe sets' right-hand sides are widened, never narrowed, by reading."""
+    x = float(value)
+    if upward and Fraction(x) < value:
+        x = math.nextafter(x, math.inf)
+    elif not upward and Fraction(x) > value:
+        x = math.nextafter(x, -math.inf)
+    return x
 
 
 def _atom(expr: list) -> tuple:
@@ -67,16 +84,17 @@ def _atom(expr: list) -> tuple:
     left, right = _term(expr[1]), _term(expr[2])
     if expr[0] == ">=":
         left, right = right, left  # left <= right
-    if isinstance(left, tuple) and left[0] == "X" and isinstance(right, float):
-        return ("X", (left[1], -np.inf, right))
-    if isinstance(right, tuple) and right[0] == "X" and isinstance(left, float):
-        return ("X", (right[1], left, np.inf))
+    if isinstance(left, tuple) and left[0] == "X" and isinstance(right, Fraction):
+        return ("X", (left[1], -np.inf, rounded(right, True)))
+    if isinstance(right, tuple) and right[0] == "X" and isinstance(left, Fraction):
+        return ("X", (right[1], rounded(left, False), np.inf))
     coef: dict[int, float] = {}
     if isinstance(left, tuple) and left[0] == "Y":
         coef[left[1]] = coef.get(left[1], 0.0) + 1.0
     if isinstance(right, tuple) and right[0] == "Y":
         coef[right[1]] = coef.get(right[1], 0.0) - 1.0
-    const = (right if isinstance(right, float) else 0.0) - (left if isinstance(left, float) else 0.0)
+    const = (right if isinstance(right, Fraction) else 0) - (left if isinstance(left, Fraction)
+                                                               else 0)  # fmt: skip
     if not coef or (isinstance(left, tuple) and left[0] == "X") or (isinstance(right, tuple)
                                                                       and right[0] == "X"):
         raise UnsupportedPropertyError(f"atom {expr} mixes inputs and outputs")
@@ -121,7 +139,7 @@ def read_property(data: bytes) -> list[Region]:
             for r, (_, (coef, const)) in enumerate(rows):
                 for j, a in coef.items():
                     A[r, j] = a
-                b[r] = const
+                b[r] = rounded(Fraction(const), True)
             polytopes.append(Polytope(A, b))
         regions.append(Region(lower, upper, tuple(polytopes)))
     return regions
