@@ -35,7 +35,7 @@ from verify.distributed.shards import ShardedSolver
 from verify.errors import CertificateUnsupportedError
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
-from verify.property import VnnlibProperty
+from verify.property import Region, VnnlibProperty
 from verify.result import VerificationResult
 
 
@@ -217,7 +217,11 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
     return VerificationResult(status, found, time.monotonic() - start, stats)
 
 
-def _verify_certified(net, spec, path, hashes, seconds: float, config: BabConfig, seed: int):
+def _verify_certified(
+    net: nn.Module | str | os.PathLike, spec: VnnlibProperty | str | os.PathLike,
+    path: str | os.PathLike, hashes: tuple[str, str] | None, seconds: float, config: BabConfig,
+    seed: int,
+) -> VerificationResult:  # fmt: skip
     """`verify` writing a certificate to `path` (its docstring)."""
     if hashes is None:
         if not isinstance(net, (str, os.PathLike)) or not isinstance(spec, (str, os.PathLike)):
@@ -228,7 +232,8 @@ def _verify_certified(net, spec, path, hashes, seconds: float, config: BabConfig
     writer = CertificateWriter(path, *hashes)
     index = {id(r): k for k, r in enumerate(loaded.regions)}
 
-    def solve(net_, region, deadline, config_, seed_):
+    def solve(net_: nn.Module, region: Region, deadline: float, config_: BabConfig,
+              seed_: int) -> RegionOutcome:  # fmt: skip
         recorder = Recorder(writer, index[id(region)], region, config_.combine_rows)
         return CertifyingBab(net_, region, config_, seed_, None, recorder).run(deadline)
 

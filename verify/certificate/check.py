@@ -27,7 +27,7 @@ from verify.certificate.arith import affine_interval, matmul_lo
 from verify.certificate.crown64 import Layer, backward, intervals, point_interval
 from verify.certificate.onnx_plain import UnsupportedModelError, read_bytes, read_network
 from verify.certificate.store import FORMAT, VERSION, read_batches, read_manifest, sha256_file
-from verify.certificate.vnnlib_plain import UnsupportedPropertyError, read_property
+from verify.certificate.vnnlib_plain import Region, UnsupportedPropertyError, read_property
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Tree:
 class Checker:
     """The state of one check: the network's layers, the property's regions, the trees."""
 
-    def __init__(self, layers: list[Layer], regions) -> None:
+    def __init__(self, layers: list[Layer], regions: list[Region]) -> None:
         self.layers, self.regions = layers, regions
         self.relus = [k for k, (_, _, relu) in enumerate(layers, start=1) if relu]
         self.trees = [Tree(r.lower, r.upper) for r in regions]
@@ -89,14 +89,15 @@ class Checker:
                 raise CertificateInvalidError(f"split of region {region}: no such region")
             self.trees[region].add_split(parent, dim, point, left, right)
 
-    def bounds_of(self, region: int, node: int):
+    def bounds_of(self, region: int, node: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The intervals of every layer on the node's box (cached for the last node)."""
         if self._cache is None or self._cache[0] != (region, node):
             box = self.trees[region].boxes[node]
             self._cache = ((region, node), intervals(self.layers, box))
         return self._cache[1]
 
-    def leaf(self, ints, lam, claim, box, alphas) -> None:
+    def leaf(self, ints: np.ndarray, lam: np.ndarray, claim: float,
+             box: tuple[np.ndarray, np.ndarray], alphas: list[np.ndarray]) -> None:  # fmt: skip
         """One leaf `(region, node, polytope)`: checks (C2); Invalid naming the leaf."""
         region, node, poly = (int(v) for v in ints)
         name = f"leaf (region {region}, node {node}, polytope {poly})"
@@ -180,7 +181,8 @@ def _batch_leaves(checker: Checker, batch: dict[str, np.ndarray]) -> None:
                      [batch[k][i] for k in relus])  # fmt: skip
 
 
-def _check(net_path, spec_path, cert_path) -> None:
+def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
+           cert_path: str | os.PathLike) -> None:  # fmt: skip
     manifest = read_manifest(cert_path)
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise CertificateInvalidError(f"manifest: not an {FORMAT} of version {VERSION}")

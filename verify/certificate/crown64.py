@@ -44,7 +44,9 @@ def magnitude(lower: np.ndarray, upper: np.ndarray, relu: bool) -> np.ndarray:
     return np.maximum(np.abs(lower), np.abs(upper))
 
 
-def relu_step(a: np.ndarray, alpha: np.ndarray, lower: np.ndarray, upper: np.ndarray):
+def relu_step(
+    a: np.ndarray, alpha: np.ndarray, lower: np.ndarray, upper: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """`(D, lower bound of sum_i e_i)` for `A relu(v) >= D v + e` on [lower, upper] (T3)."""
     s = unstable_slopes(lower, upper)
     unstable = (lower < 0) & (upper > 0)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 class CertificateWriter:
     """Appends batches of records to `path` (created empty); `finish` writes the manifest."""
 
-    def __init__(self, path: str | os.PathLike, network_sha256: str, property_sha256: str):
+    def __init__(self, path: str | os.PathLike, network_sha256: str, property_sha256: str) -> None:
         self.path, self.batches = os.fspath(path), 0
         self.hashes = {"network_sha256": network_sha256, "property_sha256": property_sha256}
         with zipfile.ZipFile(self.path, "w"):
@@ -51,7 +52,7 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         return json.loads(zf.read("manifest.json"))
 
 
-def read_batches(path: str | os.PathLike, batches: int):
+def read_batches(path: str | os.PathLike, batches: int) -> Iterator[dict[str, np.ndarray]]:
     """Yields each batch's members `{name: array}` (one batch in memory at a time)."""
     with np.load(path, allow_pickle=False) as npz:
         names = set(npz.files)

@@ -19,7 +19,6 @@ row of largest claim, as a lambda over the polytope's rows (a combination row of
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +28,7 @@ from bounds.graph.graph import Graph
 from bounds.methods.crown import crown
 from bounds.types import Interval, rounded_down
 from verify.attack import min_max
+from verify.bab.common import RegionOutcome
 from verify.bab.config import BabConfig
 from verify.bab.input.bounder import InputBounder
 from verify.bab.input.domains import Domains
@@ -205,7 +205,7 @@ class CertifyingBab(RegionBab):
         bounder.recorder = recorder
         self.bounder, self.recorder = bounder, recorder
 
-    def run(self, deadline: float) -> Any:
+    def run(self, deadline: float) -> RegionOutcome:
         outcome = super().run(deadline)
         self.recorder.flush()
         return outcome
