@@ -84,15 +84,25 @@ class Recorder:
         for r, (_, lam) in enumerate(weights):
             self.lambdas[r, : len(lam)] = lam
         self.n_polytopes = len(region.unsafe)
-        self.nodes: dict[bytes, int] = {}
+        self.nodes: dict[bytes, list[int]] = {}
+        self.count = 0
         self.splits: list[tuple] = []
         self.leaves: list[tuple] = []
 
     def node(self, lower: Tensor, upper: Tensor, new: bool = False) -> int:
+        """A new node of this box (`new`), else the open node of this box, taken: each open
+        domain is used once, as a parent or as a leaf (domains of equal boxes, from a split
+        along a zero-width dimension, are interchangeable)."""
         key = lower.detach().cpu().numpy().tobytes() + upper.detach().cpu().numpy().tobytes()
         if new:
-            self.nodes[key] = len(self.nodes)
-        return self.nodes[key]
+            self.count += 1
+            self.nodes.setdefault(key, []).append(self.count - 1)
+            return self.count - 1
+        ids = self.nodes[key]
+        found = ids.pop()
+        if not ids:
+            del self.nodes[key]
+        return found
 
     def pairs(self, d: Domains) -> None:
         """The splits of the kept sibling pairs (left `i`, right `i + n`)."""
@@ -100,7 +110,8 @@ class Recorder:
         for i in range(n):
             ll, lu, rl, ru = d.lower[i], d.upper[i], d.lower[i + n], d.upper[i + n]
             parent = self.node(ll, ru)
-            dim = int(((lu != ru) | (ll != rl)).nonzero().flatten()[0])
+            differ = ((lu != ru) | (ll != rl)).nonzero().flatten()
+            dim = int(differ[0]) if len(differ) else 0  # a zero-width split: any dimension
             left, right = self.node(ll, lu, True), self.node(rl, ru, True)
             self.splits.append((self.region, parent, dim, float(lu[dim]), left, right))
 
