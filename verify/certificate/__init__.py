@@ -1,6 +1,6 @@
 """Proof certificates (issue 26), format v1, and their independent checker.
 
-File: one zip archive that `numpy.load` opens; every member but `manifest.json` is a `.npy`
+File: one zip archive (members deflated) that `numpy.load` opens; every member but `manifest.json` is a `.npy`
 array named `b{batch}_{name}.npy`. Batches are appended (zip append mode) while the search
 closes domains, so the records are never all in memory. `manifest.json` (read with `zipfile`,
 written last):

@@ -33,7 +33,7 @@ class CertificateWriter:
 
     def append(self, members: dict[str, np.ndarray]) -> None:
         """One batch: each array as member `b{batch}_{name}.npy`."""
-        with zipfile.ZipFile(self.path, "a") as zf:
+        with zipfile.ZipFile(self.path, "a", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             for name, array in members.items():
                 buffer = io.BytesIO()
                 np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
