@@ -87,10 +87,10 @@ def intervals(layers: list[Layer], box: tuple[np.ndarray, np.ndarray]) -> Bounds
         below_relu = k > 1 and layers[k - 2][2]
         low, high = (np.maximum(prev[0], 0), np.maximum(prev[1], 0)) if below_relu else prev
         lo, hi = affine_interval(w, c, low, high)
-        if k > 1:
+        if k > 1:  # the rows I and -I in one pass: lower and upper bounds
             eye = np.eye(w.shape[0])
-            lo = np.maximum(lo, backward(layers, out, box, eye, k, {}))
-            hi = np.minimum(hi, -backward(layers, out, box, -eye, k, {}))
+            both = backward(layers, out, box, np.concatenate([eye, -eye]), k, {})
+            lo, hi = np.maximum(lo, both[: len(eye)]), np.minimum(hi, -both[len(eye) :])
         out.append((lo, hi))
     return out
 
