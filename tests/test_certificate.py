@@ -52,7 +52,8 @@ def instance(tmp_path):
              "(declare-const Y_0 Real)", "(declare-const Y_1 Real)",
              "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
              "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
-             f"(assert (or (and (>= Y_0 Y_1) (>= Y_0 {t!r})) (and (>= Y_1 {t + 5!r}))))"]  # fmt: skip
+             f"(assert (or (and (>= Y_0 Y_1) (>= Y_0 {t!r}))",
+             f"            (and (>= Y_1 {t + 5!r}))))"]  # fmt: skip
     spec_path.write_text("\n".join(lines) + "\n")
     cert = tmp_path / "out.cert"
     result = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
@@ -92,8 +93,11 @@ def _first(suffix):
 
 
 MUTATIONS = {
-    "remove a leaf": ("leaf_ints.npy", lambda a: np.concatenate([a[:-1], a[:1] * 0 + [0, 99999, 0]])
-                      , "no such node"),
+    "remove a leaf": (
+        "leaf_ints.npy",
+        lambda a: np.concatenate([a[:-1], a[:1] * 0 + [0, 99999, 0]]),
+        "no such node",
+    ),
     "move a split point": ("split_point.npy", lambda a: a + 0.3, "box"),
     "flip a child": ("split_ints.npy", lambda a: a[:, [0, 1, 2, 4, 3]], "box"),
     "scale lambda": ("leaf_lambda.npy", lambda a: a * 1e3, "exceeds the re-derived"),
@@ -115,8 +119,10 @@ def test_mutations_rejected(instance, mutation):
 
 def test_removed_leaf_breaks_coverage(instance):
     onnx_path, spec_path, cert = instance
+
     def drop(name, a):
         return a[1:] if "_leaf_" in name else None
+
     _rewrite(cert, drop)
     result = check_certificate(onnx_path, spec_path, cert)
     assert not result.valid and "coverage" in result.reason, result.reason
@@ -240,7 +246,9 @@ def test_readers(tmp_path):
         assert len(mine) == len(ref)
         for a, b in zip(mine, ref):  # the same, within one outward rounding
             assert (a.lower <= b.lower).all() and (a.upper >= b.upper).all()
-            assert np.allclose(a.lower, b.lower, rtol=1e-15) and np.allclose(a.upper, b.upper, rtol=1e-15)
+            assert np.allclose(a.lower, b.lower, rtol=1e-15) and np.allclose(
+                a.upper, b.upper, rtol=1e-15
+            )
             for p, q in zip(a.unsafe, b.unsafe, strict=True):
                 assert np.array_equal(p.A, q.A) and (p.b >= q.b).all()
                 assert np.allclose(p.b, q.b, rtol=1e-15)

@@ -1,8 +1,8 @@
 """Proof certificates (issue 26), format v1, and their independent checker.
 
-File: one zip archive (members deflated) that `numpy.load` opens; every member but `manifest.json` is a `.npy`
-array named `b{batch}_{name}.npy`. Batches are appended (zip append mode) while the search
-closes domains, so the records are never all in memory. `manifest.json` (read with `zipfile`,
+File: one zip archive (members deflated) that `numpy.load` opens; every member but
+`manifest.json` is a `.npy` array named `b{batch}_{name}.npy`. Batches are appended (zip
+append mode) while the search closes domains, so the records are never all in memory. `manifest.json` (read with `zipfile`,
 written last):
 `{"format": "ldverify-certificate", "version": 1, "network_sha256", "property_sha256",
 "answer": "unsat" | "sat", "regions": n, "batches": k}`; the hashes are of the files' bytes as

@@ -110,17 +110,23 @@ class Checker:
             raise CertificateInvalidError(f"{name}: no such polytope")
         rows = len(unsafe[poly].b)
         if not np.isfinite(lam).all() or (lam < 0).any() or lam[rows:].any() or not lam.any():
-            raise CertificateInvalidError(f"{name}: lambda must be finite, >= 0, not all 0, over {rows} rows")
+            raise CertificateInvalidError(
+                f"{name}: lambda must be finite, >= 0, not all 0, over {rows} rows"
+            )
         derived = self.trees[region].boxes[node]
         if (derived[0] < box[0]).any() or (derived[1] > box[1]).any():
-            raise CertificateInvalidError(f"{name}: its box is not the tree's (a split moved or flipped)")
+            raise CertificateInvalidError(
+                f"{name}: its box is not the tree's (a split moved or flipped)"
+            )
         slopes = self.slopes(name, alphas)
         claim = float(claim)
         if not claim > 0:
             raise CertificateInvalidError(f"{name}: claimed bound {claim} is not > 0")
         got = self.derive(region, node, poly, lam[:rows], slopes)
         if not claim <= got:
-            raise CertificateInvalidError(f"{name}: claimed bound {claim} exceeds the re-derived bound {got}")
+            raise CertificateInvalidError(
+                f"{name}: claimed bound {claim} exceeds the re-derived bound {got}"
+            )
         self.closed.add((region, node, poly))
 
     def derive(self, region: int, node: int, poly: int, lam: np.ndarray,
@@ -138,13 +144,19 @@ class Checker:
 
     def slopes(self, name: str, alphas: list[np.ndarray]) -> dict[int, np.ndarray]:
         if len(alphas) != len(self.relus):
-            raise CertificateInvalidError(f"{name}: {len(alphas)} slope layers for {len(self.relus)} ReLUs")
+            raise CertificateInvalidError(
+                f"{name}: {len(alphas)} slope layers for {len(self.relus)} ReLUs"
+            )
         out = {}
         for k, alpha in zip(self.relus, alphas):
             if alpha.shape != (self.layers[k - 1][0].shape[0],):
-                raise CertificateInvalidError(f"{name}: slopes of ReLU layer {k} have shape {alpha.shape}")
+                raise CertificateInvalidError(
+                    f"{name}: slopes of ReLU layer {k} have shape {alpha.shape}"
+                )
             if not ((alpha >= 0) & (alpha <= 1)).all():
-                raise CertificateInvalidError(f"{name}: a slope alpha of ReLU layer {k} is outside [0, 1]")
+                raise CertificateInvalidError(
+                    f"{name}: a slope alpha of ReLU layer {k} is outside [0, 1]"
+                )
             out[k] = alpha
         return out
 
@@ -154,20 +166,22 @@ class Checker:
             for node in tree.leaves():
                 for poly in range(len(self.regions[region].unsafe)):
                     if (region, node, poly) not in self.closed:
-                        raise CertificateInvalidError(f"coverage: region {region}, node {node}, polytope {poly} "
-                                      "has no leaf excluding it")  # fmt: skip
+                        where = f"region {region}, node {node}, polytope {poly}"
+                        raise CertificateInvalidError(f"coverage: {where} has no leaf excluding it")
 
     def counterexample(self, region: int, x: np.ndarray) -> None:
         """(C4)."""
         r = self.regions[region]
-        if not ((r.lower <= x) & (x <= r.upper)).all():
-            raise CertificateInvalidError(f"counterexample: the point is outside region {region}'s box")
+        if not ((r.inner_lower <= x) & (x <= r.inner_upper)).all():
+            raise CertificateInvalidError(f"counterexample: outside region {region}'s box")
         low, high = point_interval(self.layers, x)
         for poly in r.unsafe:
-            _, top = affine_interval(np.asarray(poly.A), -np.asarray(poly.b), low, high)
+            _, top = affine_interval(np.asarray(poly.A), -np.asarray(poly.b_inner), low, high)
             if (top <= 0).all():
                 return
-        raise CertificateInvalidError("counterexample: its output is not provably in an unsafe polytope")
+        raise CertificateInvalidError(
+            "counterexample: its output is not provably in an unsafe polytope"
+        )
 
 
 def _batch_leaves(checker: Checker, batch: dict[str, np.ndarray]) -> None:
@@ -187,14 +201,18 @@ def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise CertificateInvalidError(f"manifest: not an {FORMAT} of version {VERSION}")
     if manifest.get("network_sha256") != sha256_file(net_path):
-        raise CertificateInvalidError("hash: the network file is not the one certified (network_sha256)")
+        raise CertificateInvalidError(
+            "hash: the network file is not the one certified (network_sha256)"
+        )
     if manifest.get("property_sha256") != sha256_file(spec_path):
-        raise CertificateInvalidError("hash: the property file is not the one certified (property_sha256)")
+        raise CertificateInvalidError(
+            "hash: the property file is not the one certified (property_sha256)"
+        )
     layers, _ = read_network(read_bytes(net_path))
     regions = read_property(read_bytes(spec_path))
     if manifest.get("regions") != len(regions):
-        raise CertificateInvalidError(f"manifest: {manifest.get('regions')} regions, the property has "
-                      f"{len(regions)}")  # fmt: skip
+        count = manifest.get("regions")
+        raise CertificateInvalidError(f"manifest: {count} regions, the property {len(regions)}")
     for k, r in enumerate(regions):
         if not (np.isfinite(r.lower).all() and np.isfinite(r.upper).all()):
             raise CertificateInvalidError(f"region {k}: its input box is not bounded")
@@ -224,6 +242,13 @@ def check_certificate(
         _check(net_path, spec_path, cert_path)
     except CertificateInvalidError as error:
         return CheckResult(False, str(error))
-    except (UnsupportedModelError, UnsupportedPropertyError, KeyError, ValueError, TypeError, OSError) as error:
+    except (
+        UnsupportedModelError,
+        UnsupportedPropertyError,
+        KeyError,
+        ValueError,
+        TypeError,
+        OSError,
+    ) as error:
         return CheckResult(False, f"unreadable: {type(error).__name__}: {error}")
     return CheckResult(True)

@@ -32,15 +32,23 @@ class UnsupportedPropertyError(ValueError):
 
 @dataclass(frozen=True)
 class Polytope:
+    """`{y : A y <= b}`: `b` rounded up (a superset, to exclude), `b_inner` down (a subset, to
+    show a point inside)."""
+
     A: np.ndarray
     b: np.ndarray
+    b_inner: np.ndarray
 
 
 @dataclass(frozen=True)
 class Region:
+    """The box `[lower, upper]` rounded outwards (`inner_*`: inwards) and the unsafe set."""
+
     lower: np.ndarray
     upper: np.ndarray
     unsafe: tuple[Polytope, ...]
+    inner_lower: np.ndarray
+    inner_upper: np.ndarray
 
 
 def _tree(text: str) -> list:
@@ -85,9 +93,9 @@ def _atom(expr: list) -> tuple:
     if expr[0] == ">=":
         left, right = right, left  # left <= right
     if isinstance(left, tuple) and left[0] == "X" and isinstance(right, Fraction):
-        return ("X", (left[1], -np.inf, rounded(right, True)))
+        return ("X", (left[1], None, right))
     if isinstance(right, tuple) and right[0] == "X" and isinstance(left, Fraction):
-        return ("X", (right[1], rounded(left, False), np.inf))
+        return ("X", (right[1], left, None))
     coef: dict[int, float] = {}
     if isinstance(left, tuple) and left[0] == "Y":
         coef[left[1]] = coef.get(left[1], 0.0) + 1.0
@@ -95,8 +103,11 @@ def _atom(expr: list) -> tuple:
         coef[right[1]] = coef.get(right[1], 0.0) - 1.0
     const = (right if isinstance(right, Fraction) else 0) - (left if isinstance(left, Fraction)
                                                                else 0)  # fmt: skip
-    if not coef or (isinstance(left, tuple) and left[0] == "X") or (isinstance(right, tuple)
-                                                                      and right[0] == "X"):
+    if (
+        not coef
+        or (isinstance(left, tuple) and left[0] == "X")
+        or (isinstance(right, tuple) and right[0] == "X")
+    ):
         raise UnsupportedPropertyError(f"atom {expr} mixes inputs and outputs")
     return ("Y", (coef, const))
 
@@ -128,18 +139,27 @@ def read_property(data: bytes) -> list[Region]:
                 raise UnsupportedPropertyError("an assert mixes inputs and outputs")
             target = inputs if kinds == {"X"} else outputs
             target[:] = [a + b for a, b in itertools.product(target, alternatives)]
-    regions = []
-    for alt in inputs:
-        lower, upper = np.full(n["X"], -np.inf), np.full(n["X"], np.inf)
+    return [_region(alt, outputs, n["X"], n["Y"]) for alt in inputs]
+
+
+def _region(alt: list[tuple], outputs: list[list[tuple]], n_x: int, n_y: int) -> Region:
+    """One input box (its atoms `alt`) with every output polytope."""
+    bounds = {}
+    for side, upward in (("lower", False), ("upper", True), ("inner_lower", True),
+                         ("inner_upper", False)):  # fmt: skip
+        bounds[side] = np.full(n_x, -np.inf if "lower" in side else np.inf)
+        pick = max if "lower" in side else min
         for _, (i, low, high) in alt:
-            lower[i], upper[i] = max(lower[i], low), min(upper[i], high)
-        polytopes = []
-        for rows in outputs:
-            A, b = np.zeros((len(rows), n["Y"])), np.zeros(len(rows))
-            for r, (_, (coef, const)) in enumerate(rows):
-                for j, a in coef.items():
-                    A[r, j] = a
-                b[r] = rounded(Fraction(const), True)
-            polytopes.append(Polytope(A, b))
-        regions.append(Region(lower, upper, tuple(polytopes)))
-    return regions
+            value = low if "lower" in side else high
+            if value is not None:
+                bounds[side][i] = pick(bounds[side][i], rounded(value, upward))
+    polytopes = []
+    for rows in outputs:
+        A, b, inner = np.zeros((len(rows), n_y)), np.zeros(len(rows)), np.zeros(len(rows))
+        for r, (_, (coef, const)) in enumerate(rows):
+            for j, a in coef.items():
+                A[r, j] = a
+            b[r], inner[r] = rounded(Fraction(const), True), rounded(Fraction(const), False)
+        polytopes.append(Polytope(A, b, inner))
+    return Region(bounds["lower"], bounds["upper"], tuple(polytopes), bounds["inner_lower"],
+                  bounds["inner_upper"])  # fmt: skip
