@@ -266,3 +266,18 @@ def test_arith_bounds_exact_values():
     for k in range(5):
         value = exact[k] + Fraction(float(c[k]))
         assert Fraction(float(lo[k])) <= value <= Fraction(float(hi[k]))
+
+
+MNIST = pathlib.Path("/work/shared/data/vnncomp2022/mnist_fc")
+
+
+@pytest.mark.skipif(not MNIST.exists(), reason="VNN-COMP 2022 mnist_fc data absent")
+@pytest.mark.parametrize("prop, answer", [("prop_0_0.03", "unsat"), ("prop_1_0.03", "sat")])
+def test_mnist_fc_certificates(tmp_path, prop, answer):
+    """784 inputs: the root closed by CROWN (unsat), a counterexample re-run (sat)."""
+    onnx_path = MNIST / "onnx" / "mnist-net_256x2.onnx.gz"
+    spec_path = MNIST / "vnnlib" / f"{prop}.vnnlib.gz"
+    cert = tmp_path / "mnist.cert"
+    assert verify.verify(onnx_path, spec_path, timeout=60, certificate=cert).status == answer
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result

@@ -2,13 +2,13 @@
 `assert` is an atom, an `(and atoms)` or an `(or (and atoms) ...)`; an atom compares an input
 `X_i` with a number (input box) or outputs `Y_i` with each other or a number, with `<=` or `>=`.
 
-Numbers are read exactly (`Fraction`) and rounded outwards to float64: box bounds away from the
-box, right-hand sides `b` up (a larger unsafe set; excluding it excludes the file's). The
-property's inputs are the disjunction (over the asserts' cross product, in file order) of
+Numbers are read exactly (`Fraction`) and taken as their nearest float64 (`rounded`: the
+reading of VNN-COMP and of the engine; an exact-decimal reading, rounded outwards for the box
+and `b`, inwards for counterexamples, is one switch away). The property's inputs are the disjunction (over the asserts' cross product, in file order) of
 input boxes, its unsafe set the disjunction of output polytopes `{y : A y <= b}` (rows in
 atom order). Each box is a `Region(lower, upper, unsafe)` with every polytope: the same regions
 and rows, in the same order, as `verify.io.vnnlib_load` reads them for these forms (within the
-outward rounding). Anything
+reading). Anything
 else raises `UnsupportedPropertyError`."""
 
 from __future__ import annotations
@@ -74,10 +74,18 @@ def _term(tok) -> tuple[str, int] | Fraction:
     return (m.group(1), int(m.group(2))) if m else Fraction(tok)
 
 
+EXACT_DECIMALS = False  # True: the file's exact decimals, rounded outwards (and inwards)
+
+
 def rounded(value: Fraction, upward: bool) -> float:
-    """The nearest float64 on the side of `upward` (exact values stay as they are): the input
-    box and the unsafe sets' right-hand sides are widened, never narrowed, by reading."""
+    """The number as the property means it: the nearest float64 (how VNN-COMP tools, and this
+    project's engine, read VNN-LIB), or with `EXACT_DECIMALS` the exact decimal rounded towards
+    `upward` (then the engine's float32 root box, rounded outwards from the float64 reading,
+    can miss the exact box by an ulp of float64, and its counterexamples can lie that much
+    outside: mnist_fc's bounds such as 0.029999999329447746)."""
     x = float(value)
+    if not EXACT_DECIMALS:
+        return x
     if upward and Fraction(x) < value:
         x = math.nextafter(x, math.inf)
     elif not upward and Fraction(x) > value:
