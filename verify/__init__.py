@@ -1,10 +1,12 @@
-"""Public API: sound bounds (`bounds`), complete verification (`verify`), certified activation
-monitors against silent data corruption (`monitor`), model and specification loading, errors."""
+"""Public API: sound bounds (`bounds`), complete verification (`verify`, with proof certificates
+checked by `check_certificate`), certified activation monitors against silent data corruption
+(`monitor`), model and specification loading, errors."""
 
 from bounds.types import Bounds, Budget, Interval
 from verify.api import bounds, network_graph
 from verify.attack import find_counterexample
 from verify.bab import BabConfig
+from verify.certificate import CheckResult, check_certificate
 from verify.errors import (
     InvalidNetworkError,
     InvalidRegionError,
@@ -26,6 +28,7 @@ __all__ = [
     "Bounds",
     "Box",
     "Budget",
+    "CheckResult",
     "Interval",
     "InvalidNetworkError",
     "InvalidRegionError",
@@ -37,6 +40,7 @@ __all__ = [
     "VerificationInputError",
     "VerificationResult",
     "bounds",
+    "check_certificate",
     "find_counterexample",
     "load_onnx",
     "load_vnnlib",

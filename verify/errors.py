@@ -23,7 +23,13 @@ class SpecificationError(VerificationInputError):
         super().__init__(where + message)
 
 
+class CertificateUnsupportedError(VerificationInputError):
+    """A certificate was asked for with a method or splitting that cannot write one (only
+    input splitting bounded by plain CROWN can, `verify.bab.input.certify`)."""
+
+
 __all__ = [
+    "CertificateUnsupportedError",
     "InvalidNetworkError",
     "InvalidRegionError",
     "ShapeMismatchError",

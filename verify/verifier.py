@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -28,10 +29,13 @@ from bounds.errors import InvalidLimitError, ShapeMismatchError
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, solve_region
 from verify.bab.common import RegionOutcome
+from verify.bab.input.certify import CertifyingBab, Recorder, certificate_config
+from verify.certificate.store import CertificateWriter, sha256_file
 from verify.distributed.shards import ShardedSolver
+from verify.errors import CertificateUnsupportedError
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
-from verify.property import VnnlibProperty
+from verify.property import Region, VnnlibProperty
 from verify.result import VerificationResult
 
 
@@ -142,6 +146,8 @@ def verify(
     seed: int = 0,
     workers: int = 1,
     ray_address: str | None = None,
+    certificate: str | os.PathLike | None = None,
+    hashes: tuple[str, str] | None = None,
 ) -> VerificationResult:
     """Decide `spec` on `net` within `timeout` seconds (the budget starts at the call).
 
@@ -161,14 +167,30 @@ def verify(
     for later calls; starting the cluster (seconds) comes before the time limit's clock, the
     workers' start (seconds too, the first time) within it, while this process searches.
     `workers` must be an integer >= 1 (`InvalidLimitError`).
+
+    `certificate`: a path where an "unsat" or "sat" answer's proof certificate is written
+    (`verify.certificate`; other answers leave a file without manifest). The SHA-256 of the
+    network and property are those of the files when `net` and `spec` are paths, else `hashes`
+    `(network_sha256, property_sha256)` must be given. Certificate mode bounds by plain CROWN
+    with input splitting, one worker (`CertificateUnsupportedError` otherwise).
     """
     seconds = check_timeout(timeout)
-    solve = region_solver(check_workers(workers), ray_address)  # may start Ray: before the clock
-    start = time.monotonic()
-    deadline = start + seconds
     config = replace(config or BabConfig(), method=method)
     if splitting is not None:
         config = replace(config, splitting=splitting)
+    if certificate is not None:
+        if check_workers(workers) != 1 or ray_address is not None:
+            raise CertificateUnsupportedError("certificates are written by one worker only")
+        return _verify_certified(net, spec, certificate, hashes, seconds, config, seed)
+    solve = region_solver(check_workers(workers), ray_address)  # may start Ray: before the clock
+    return _run(net, spec, solve, seconds, config, seed)
+
+
+def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config: BabConfig,
+         seed: int) -> VerificationResult:  # fmt: skip
+    """The attack, then `solve` on each region, within `seconds` (`verify`)."""
+    start = time.monotonic()
+    deadline = start + seconds
     stats: dict[str, Any] = {"regions": []}
     status, found = "unknown", None
     try:
@@ -193,3 +215,35 @@ def verify(
         status, found = "unknown", None
         stats["error"] = str(error)
     return VerificationResult(status, found, time.monotonic() - start, stats)
+
+
+def _verify_certified(
+    net: nn.Module | str | os.PathLike, spec: VnnlibProperty | str | os.PathLike,
+    path: str | os.PathLike, hashes: tuple[str, str] | None, seconds: float, config: BabConfig,
+    seed: int,
+) -> VerificationResult:  # fmt: skip
+    """`verify` writing a certificate to `path` (its docstring)."""
+    if hashes is None:
+        if not isinstance(net, (str, os.PathLike)) or not isinstance(spec, (str, os.PathLike)):
+            raise TypeError("certificate: give the network and property as paths, or hashes")
+        hashes = (sha256_file(net), sha256_file(spec))
+    config = certificate_config(config)
+    net, loaded = _load(net, spec)
+    writer = CertificateWriter(path, *hashes)
+    index = {id(r): k for k, r in enumerate(loaded.regions)}
+
+    def solve(net_: nn.Module, region: Region, deadline: float, config_: BabConfig,
+              seed_: int) -> RegionOutcome:  # fmt: skip
+        recorder = Recorder(writer, index[id(region)], region, config_.combine_rows)
+        return CertifyingBab(net_, region, config_, seed_, None, recorder).run(deadline)
+
+    result = _run(net, loaded, solve, seconds, config, seed)
+    if result.status == "sat" and result.counterexample is not None:
+        x = result.counterexample[0].detach().double().cpu().numpy().reshape(-1)
+        k = next((k for k, r in enumerate(loaded.regions)
+                  if ((r.lower <= x) & (x <= r.upper)).all()), None)  # fmt: skip
+        if k is not None:  # else no point is stored: the checker answers "invalid"
+            writer.append({"sat_x": x, "sat_region": np.array(k)})
+    if result.status in ("sat", "unsat"):
+        writer.finish(result.status, len(loaded.regions))
+    return result

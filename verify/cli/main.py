@@ -1,4 +1,5 @@
-"""Command line: `python -m verify run NET SPEC --timeout S` and `python -m verify run-all CSV`.
+"""Command line: `python -m verify run NET SPEC --timeout S`, `python -m verify run-all CSV` and
+`python -m verify check NET SPEC CERT` (a proof certificate, written by `run --certificate`).
 
 `run` prints one line, the result (`unsat`, `sat`, `unknown` or `timeout`), and writes the
 VNN-COMP results file when `--results-file` is given. `run-all` runs a VNN-COMP
@@ -31,6 +32,8 @@ import torch
 
 from bounds.errors import VerificationInputError
 from verify.bab import BabConfig
+from verify.certificate import check_certificate
+from verify.certificate.store import sha256_file
 from verify.cli import faults
 from verify.cli.options import (
     DEFAULT_METHOD,
@@ -47,6 +50,7 @@ from verify.cli.options import (
 from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.cli.suite import run_suite
 from verify.distributed import cluster, progress
+from verify.errors import CertificateUnsupportedError
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
 from verify.result import VerificationResult
@@ -63,12 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("property", type=Path, help="VNN-LIB property (.vnnlib or .vnnlib.gz)")
     run.add_argument("--timeout", type=seconds_option, required=True, help="seconds (> 0)")
     run.add_argument("--results-file", type=Path, help="write the VNN-COMP results file here")
+    run.add_argument("--certificate", type=Path, help="write the proof certificate here")
     add_common(run)
+    check = sub.add_parser("check", help="check a proof certificate (exit 0: valid, 1: not)")
+    check.add_argument("network", type=Path, help="ONNX network (.onnx or .onnx.gz)")
+    check.add_argument("property", type=Path, help="VNN-LIB property (.vnnlib or .vnnlib.gz)")
+    check.add_argument("certificate", type=Path, help="the certificate file")
     every = sub.add_parser("run-all", help="verify every instance of an instances.csv")
     every.add_argument("instances", type=Path, help="CSV rows: network, property, timeout")
     every.add_argument("--root", type=Path, help="folder the CSV paths are relative to")
     every.add_argument("--out", type=Path, required=True, help="results CSV to write")
     every.add_argument("--limit", type=count_option(1), help="only the first N instances")
+    every.add_argument("--certificates", type=Path, help="write NET__PROP.cert files here")
     every.add_argument(
         "--timeout-scale", type=seconds_option, default=1.0, help="multiply timeouts (> 0)"
     )
@@ -91,7 +101,15 @@ def prepared(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty,
 def run_one(args: argparse.Namespace) -> VerificationResult:
     if args.results_file is not None:
         check_output_file(args.results_file, "--results-file")
-    if distributed(args):
+    if args.certificate is not None:
+        check_output_file(args.certificate, "--certificate")
+        network, prop_path = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
+        result = verify(
+            network, prop_path, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
+            splitting=args.splitting, config=bab_config(args), workers=args.workers or 1,
+            ray_address=args.ray, certificate=args.certificate,
+        )  # fmt: skip
+    elif distributed(args):
         result = run_sharded(args)
     else:
         net, prop, config = prepared(args)
@@ -131,8 +149,12 @@ def run_all(
     """Run every instance; returns the rows written to `args.out`. The first Ctrl-C ends the run
     after writing the current instance as "unknown" (`args.interrupted` is then True)."""
     if distributed(args):
+        if getattr(args, "certificates", None) is not None:
+            raise CertificateUnsupportedError("--certificates needs one worker (no Ray)")
         return run_suite(args, out, errors)
     out, errors = out or sys.stdout, errors or sys.stderr
+    if getattr(args, "certificates", None) is not None and not args.certificates.is_dir():
+        raise VerificationInputError(f"--certificates: {args.certificates} is not a folder")
     check_output_file(args.out, "--out")
     root = args.root or args.instances.parent
     instances = read_instances(args.instances, args.limit, errors)
@@ -174,19 +196,33 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
     budget = instance.timeout * args.timeout_scale - (time.monotonic() - start)
     if budget <= 0:
         return "timeout"
+    certificate = hashes = None
+    if getattr(args, "certificates", None) is not None:
+        certificate = args.certificates / f"{_stem(net_path)}__{_stem(prop_path)}.cert"
+        hashes = (sha256_file(net_path), sha256_file(prop_path))
     result = verify(
         nets[net_path], prop, timeout=budget, method=args.method or DEFAULT_METHOD,
-        splitting=args.splitting, config=config,
+        splitting=args.splitting, config=config, certificate=certificate, hashes=hashes,
     )  # fmt: skip
     if result.stats.get("interrupted"):
         raise KeyboardInterrupt
     return result.status
 
 
+def _stem(path: Path) -> str:
+    """The file's name without `.gz`, `.onnx` or `.vnnlib`."""
+    name = path.name.removesuffix(".gz")
+    return name.removesuffix(".onnx").removesuffix(".vnnlib")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The exit status: 0, 2 for bad input (one `error:` line on stderr), 130 when run-all was
-    interrupted."""
+    interrupted; `check`: 0 valid, 1 invalid (one line: `valid` or `invalid: <reason>`)."""
     args = build_parser().parse_args(argv)
+    if args.command == "check":
+        checked = check_certificate(args.network, args.property, args.certificate)
+        print(checked, flush=True)
+        return 0 if checked.valid else 1
     torch.set_num_threads(args.threads)
     if args.command == "faults":
         return faults.main(args)

@@ -1,0 +1,283 @@
+"""Proof certificates (issue 26): the writer of input splitting and the independent checker."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pathlib
+import re
+import zipfile
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import verify
+from verify.bab.input.certify import RecordingBounder
+from verify.certificate import check_certificate
+from verify.certificate.arith import affine_interval, matmul_lo
+from verify.certificate.crown64 import point_interval
+from verify.certificate.onnx_plain import read_network
+from verify.certificate.vnnlib_plain import read_property
+from verify.cli.main import main
+from verify.errors import CertificateUnsupportedError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(2, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(),
+                         nn.Linear(12, 2)).eval()  # fmt: skip
+
+
+def _threshold(net: nn.Module) -> float:
+    grid = torch.stack(torch.meshgrid(*[torch.linspace(-1, 1, 201)] * 2, indexing="ij"), -1)
+    with torch.no_grad():
+        y = net(grid.reshape(-1, 2))
+    gap = y[:, 0]
+    return float(gap.max() + 0.002 * (gap.max() - gap.min()))
+
+
+@pytest.fixture
+def instance(tmp_path):
+    net = _net()
+    onnx_path, spec_path = tmp_path / "net.onnx", tmp_path / "prop.vnnlib"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    t = _threshold(net)
+    lines = ["(declare-const X_0 Real)", "(declare-const X_1 Real)",
+             "(declare-const Y_0 Real)", "(declare-const Y_1 Real)",
+             "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+             "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+             f"(assert (or (and (>= Y_0 Y_1) (>= Y_0 {t!r}))",
+             f"            (and (>= Y_1 {t + 5!r}))))"]  # fmt: skip
+    spec_path.write_text("\n".join(lines) + "\n")
+    cert = tmp_path / "out.cert"
+    result = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert result.status == "unsat"
+    return onnx_path, spec_path, cert
+
+
+def _rewrite(cert, edit) -> None:
+    """Apply `edit(name, array) -> array | None` (None: unchanged) to every `.npy` member."""
+    with zipfile.ZipFile(cert) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    with zipfile.ZipFile(cert, "w") as zf:
+        for name, data in members.items():
+            if name.endswith(".npy"):
+                array = np.load(io.BytesIO(data))
+                new = edit(name, array.copy())
+                if new is not None:
+                    buffer = io.BytesIO()
+                    np.save(buffer, new)
+                    data = buffer.getvalue()
+            zf.writestr(name, data)
+
+
+def test_valid_and_format(instance):
+    onnx_path, spec_path, cert = instance
+    assert check_certificate(onnx_path, spec_path, cert).valid
+    with zipfile.ZipFile(cert) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    assert manifest["format"] == "ldverify-certificate" and manifest["version"] == 1
+    assert manifest["answer"] == "unsat" and manifest["regions"] == 1
+    with np.load(cert) as npz:
+        assert sum(len(npz[n]) for n in npz.files if n.endswith("split_ints")) > 0
+
+
+def _first(suffix):
+    return lambda name: name.startswith("b") and name.endswith(suffix)
+
+
+MUTATIONS = {
+    "remove a leaf": (
+        "leaf_ints.npy",
+        lambda a: np.concatenate([a[:-1], a[:1] * 0 + [0, 99999, 0]]),
+        "no such node",
+    ),
+    "move a split point": ("split_point.npy", lambda a: a + 0.3, "box"),
+    "flip a child": ("split_ints.npy", lambda a: a[:, [0, 1, 2, 4, 3]], "box"),
+    "scale lambda": ("leaf_lambda.npy", lambda a: a * 1e3, "exceeds the re-derived"),
+    "alpha outside": ("leaf_alpha0.npy", lambda a: a + 2.0, "outside [0, 1]"),
+    "lambda negative": ("leaf_lambda.npy", lambda a: -a, "lambda"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_mutations_rejected(instance, mutation):
+    onnx_path, spec_path, cert = instance
+    suffix, change, words = MUTATIONS[mutation]
+    if mutation == "scale lambda":  # the claim scales too little: raise the claim itself
+        suffix, change = "leaf_claim.npy", lambda a: a * 1e3
+    _rewrite(cert, lambda name, a: change(a) if name.endswith(suffix) else None)
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and words in result.reason, result.reason
+
+
+def test_removed_leaf_breaks_coverage(instance):
+    onnx_path, spec_path, cert = instance
+
+    def drop(name, a):
+        return a[1:] if "_leaf_" in name else None
+
+    _rewrite(cert, drop)
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and "coverage" in result.reason, result.reason
+
+
+def test_hashes(instance):
+    onnx_path, spec_path, cert = instance
+    text = spec_path.read_text()
+    raised = re.sub(r"\(>= Y_0 ([-0-9.e]+)\)", lambda m: f"(>= Y_0 {float(m[1]) + 0.1!r})", text)
+    assert raised != text
+    spec_path.write_text(raised)  # the property's threshold changed
+    assert "property_sha256" in check_certificate(onnx_path, spec_path, cert).reason
+    spec_path.write_text(text)
+    data = bytearray(onnx_path.read_bytes())
+    data[-40] ^= 1
+    onnx_path.write_bytes(bytes(data))
+    assert "network_sha256" in check_certificate(onnx_path, spec_path, cert).reason
+
+
+def test_unsound_bounder_rejected(tmp_path, monkeypatch):
+    net = _net()
+    onnx_path, spec_path = tmp_path / "net.onnx", tmp_path / "prop.vnnlib"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    t = _threshold(net) + 0.0
+    spec_path.write_text("\n".join([
+        "(declare-const X_0 Real)", "(declare-const X_1 Real)", "(declare-const Y_0 Real)",
+        "(declare-const Y_1 Real)", "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+        "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+        f"(assert (>= Y_0 {t!r}))"]) + "\n")  # fmt: skip
+    search, certify = RecordingBounder._call_bounds, RecordingBounder.certify_rows
+
+    def unsound_search(self, *args, **kwargs):  # every bound of the search, 1.0 too high
+        return search(self, *args, **kwargs) + 1.0
+
+    def unsound_certify(self, *args, **kwargs):  # and the bounds of its leaves
+        rows, alphas = certify(self, *args, **kwargs)
+        return rows + 1.0, alphas
+
+    monkeypatch.setattr(RecordingBounder, "_call_bounds", unsound_search)
+    monkeypatch.setattr(RecordingBounder, "certify_rows", unsound_certify)
+    config = verify.BabConfig(float64_recheck=False)
+    cert = tmp_path / "bad.cert"
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=30, certificate=cert,
+                           config=config)  # fmt: skip
+    assert answer.status == "unsat"  # the planted bounder closes the root at once
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and "exceeds the re-derived" in result.reason, result
+
+
+def test_checker_imports_no_engine():
+    for path in (ROOT / "verify" / "certificate").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:  # only itself, onnx, numpy and the standard library
+                ours = name.startswith(("bounds", "relaxations", "verify", "crf", "kernels"))
+                assert not ours or name.startswith("verify.certificate"), (path, name)
+
+
+def _write_spec(path, threshold: float) -> None:
+    path.write_text("\n".join([
+        "(declare-const X_0 Real)", "(declare-const X_1 Real)", "(declare-const Y_0 Real)",
+        "(declare-const Y_1 Real)", "(assert (>= X_0 -1.0))", "(assert (<= X_0 1.0))",
+        "(assert (>= X_1 -1.0))", "(assert (<= X_1 1.0))",
+        f"(assert (>= Y_0 {threshold!r}))"]) + "\n")  # fmt: skip
+
+
+def test_sat_certificate_and_cli(tmp_path, capsys):
+    net = _net()
+    onnx_path, spec_path, cert = tmp_path / "net.onnx", tmp_path / "prop.vnnlib", tmp_path / "c"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    _write_spec(spec_path, _threshold(net) - 0.5)
+    code = main(["run", str(onnx_path), str(spec_path), "--timeout", "30", "--certificate",
+                 str(cert)])  # fmt: skip
+    assert code == 0 and capsys.readouterr().out.strip() == "sat"
+    assert main(["check", str(onnx_path), str(spec_path), str(cert)]) == 0
+    assert capsys.readouterr().out.strip() == "valid"
+    _write_spec(spec_path, _threshold(net) + 0.5)
+    assert main(["check", str(onnx_path), str(spec_path), str(cert)]) == 1
+    assert "property_sha256" in capsys.readouterr().out
+
+
+def test_refusals(instance):
+    onnx_path, spec_path, cert = instance
+    for kwargs in ({"splitting": "relu"}, {"method": "alpha-crown"}):
+        with pytest.raises(CertificateUnsupportedError):
+            verify.verify(str(onnx_path), str(spec_path), timeout=5, certificate=cert, **kwargs)
+
+
+ACAS = pathlib.Path("/work/shared/data/vnncomp2022/acasxu")
+
+
+@pytest.mark.skipif(not ACAS.exists(), reason="VNN-COMP 2022 ACAS Xu data absent")
+@pytest.mark.parametrize("net, prop", [("1_1", 1), ("2_1", 3), ("1_2", 3), ("3_3", 4)])
+def test_acasxu_certificates(tmp_path, net, prop):
+    onnx_path = ACAS / "onnx" / f"ACASXU_run2a_{net}_batch_2000.onnx.gz"
+    spec_path = ACAS / "vnnlib" / f"prop_{prop}.vnnlib.gz"
+    cert = tmp_path / "acas.cert"
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert answer.status == "unsat"
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result
+
+
+def test_readers(tmp_path):
+    """The checker's ONNX reader computes the network (sound point intervals around torch's
+    float64 output); its VNN-LIB reader gives the regions and rows of `verify.io`."""
+    net = _net()
+    onnx_path = tmp_path / "net.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    layers, n_in = read_network(onnx_path.read_bytes())
+    x = np.random.default_rng(0).uniform(-1, 1, (20, n_in))
+    with torch.no_grad():
+        y = verify.load_onnx(onnx_path).double()(torch.tensor(x)).numpy()
+    for point, out in zip(x, y):
+        low, high = point_interval(layers, point)
+        assert (low <= out + 1e-12).all() and (out - 1e-12 <= high).all()
+        assert (high - low).max() < 1e-12
+    for path in sorted(ACAS.glob("vnnlib/*.vnnlib.gz"))[:4]:
+        mine, ref = read_property(path.read_bytes()), verify.load_vnnlib(path).regions
+        assert len(mine) == len(ref)
+        for a, b in zip(mine, ref):  # the same, within one outward rounding
+            assert (a.lower <= b.lower).all() and (a.upper >= b.upper).all()
+            assert np.allclose(a.lower, b.lower, rtol=1e-15) and np.allclose(
+                a.upper, b.upper, rtol=1e-15
+            )
+            for p, q in zip(a.unsafe, b.unsafe, strict=True):
+                assert np.array_equal(p.A, q.A) and (p.b >= q.b).all()
+                assert np.allclose(p.b, q.b, rtol=1e-15)
+
+
+def test_arith_bounds_exact_values():
+    """`matmul_lo` and `affine_interval` bound the exact rational results (T1, T2)."""
+    rng = np.random.default_rng(1)
+    a, x = rng.normal(size=(5, 40)) * 1e3, rng.normal(size=40)
+    exact = [sum(Fraction(float(p)) * Fraction(float(q)) for p, q in zip(row, x)) for row in a]
+    low = matmul_lo(a, x)
+    assert all(Fraction(float(lo)) <= e for lo, e in zip(low, exact))
+    c = rng.normal(size=5)
+    lo, hi = affine_interval(a, c, x, x)
+    for k in range(5):
+        value = exact[k] + Fraction(float(c[k]))
+        assert Fraction(float(lo[k])) <= value <= Fraction(float(hi[k]))
+
+
+MNIST = pathlib.Path("/work/shared/data/vnncomp2022/mnist_fc")
+
+
+@pytest.mark.skipif(not MNIST.exists(), reason="VNN-COMP 2022 mnist_fc data absent")
+@pytest.mark.parametrize("prop, answer", [("prop_0_0.03", "unsat"), ("prop_1_0.03", "sat")])
+def test_mnist_fc_certificates(tmp_path, prop, answer):
+    """784 inputs: the root closed by CROWN (unsat), a counterexample re-run (sat)."""
+    onnx_path = MNIST / "onnx" / "mnist-net_256x2.onnx.gz"
+    spec_path = MNIST / "vnnlib" / f"{prop}.vnnlib.gz"
+    cert = tmp_path / "mnist.cert"
+    assert verify.verify(onnx_path, spec_path, timeout=60, certificate=cert).status == answer
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result
