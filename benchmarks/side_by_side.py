@@ -23,7 +23,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,6 +60,19 @@ def run_table(tree: Path, args: list[str]) -> dict:
     cmd = [sys.executable, "-c", runner, "benchmarks/bounds_table.py", *args]
     subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     return json.loads((tree / "benchmarks/results/bounds_table.json").read_text())
+
+
+def alternate(base: Path, repeats: int, run: Callable[[Path], Any]) -> tuple[list, list]:
+    """`(base runs, current runs)`: `run(tree)` on the base tree and this one, `repeats` times,
+    in alternating order (so a disturbance hits both)."""
+    base_runs: list = []
+    current_runs: list = []
+    for k in range(repeats):
+        order = [(base, base_runs), (ROOT, current_runs)]
+        for tree, runs in order if k % 2 == 0 else order[::-1]:
+            runs.append(run(tree))
+            print(f"repeat {k + 1}: {'base' if tree == base else 'current'} done", flush=True)
+    return base_runs, current_runs
 
 
 def _seconds(runs: list[dict], i: int) -> float:
@@ -98,12 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     base = base_tree(args.base)
     load = os.getloadavg()[0]
-    base_runs, current_runs = [], []
-    for k in range(args.repeats):  # alternate, so a disturbance hits both
-        order = [(base, base_runs), (ROOT, current_runs)]
-        for tree, runs in order if k % 2 == 0 else order[::-1]:
-            runs.append(run_table(tree, args.table_args))
-            print(f"repeat {k + 1}: {'base' if tree == base else 'current'} done", flush=True)
+    base_runs, current_runs = alternate(base, args.repeats, lambda t: run_table(t, args.table_args))
     rows = compare(base_runs, current_runs)
     head = ("| suite | method | n | base s/inst | current s/inst | speed ratio | "
             "margins identical | max diff | proven base/current |")  # fmt: skip

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import DATA, RESULTS, write_json  # noqa: E402
-from benchmarks.side_by_side import base_tree  # noqa: E402
+from benchmarks.side_by_side import alternate, base_tree  # noqa: E402
 
 SUITES = {"acasxu": 6, "mnist_fc": 15}  # every k-th instance
 
@@ -81,13 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     base = base_tree(args.base)
     load = os.getloadavg()[0]
-    base_runs: list[dict] = []
-    current_runs: list[dict] = []
-    for k in range(args.repeats):  # alternate, so a disturbance hits both
-        order = [(base, base_runs), (ROOT, current_runs)]
-        for tree, runs in order if k % 2 == 0 else order[::-1]:
-            runs.append(run_tree(tree, args.scale))
-            print(f"repeat {k + 1}: {'base' if tree == base else 'current'} done", flush=True)
+    base_runs, current_runs = alternate(base, args.repeats, lambda t: run_tree(t, args.scale))
     rows = compare(base_runs, current_runs)
     stamp = time.strftime("%Y-%m-%d %H:%M")
     cmd = f"python benchmarks/verify_side_by_side.py --base {args.base} --repeats {args.repeats}"

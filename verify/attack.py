@@ -56,9 +56,7 @@ class UnsafeSpec:
             index = (self.owner == poly).nonzero().flatten().tolist()
             if not 2 <= len(index) <= max_rows:
                 continue
-            groups = [[i, j] for a, i in enumerate(index) for j in index[a + 1 :]]
-            groups += [index] if len(index) >= 3 else []
-            for group in groups:
+            for group in combination_groups(index):
                 extra_C.append(self.C[group].mean(0))
                 extra_b.append(self.b[group].mean(0))
                 extra_owner.append(poly)
@@ -71,6 +69,13 @@ class UnsafeSpec:
             torch.cat([self.owner, owner]),
             self.n_polytopes,
         )
+
+
+def combination_groups(index: list[int]) -> list[list[int]]:
+    """The rows `UnsafeSpec.with_combinations` averages for one polytope's rows `index`, in its
+    order: every pair, then (3+ rows) all of them."""
+    groups = [[i, j] for a, i in enumerate(index) for j in index[a + 1 :]]
+    return groups + ([index] if len(index) >= 3 else [])
 
 
 def min_max(values: Tensor, owner: Tensor, n_polytopes: int) -> Tensor:

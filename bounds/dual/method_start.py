@@ -88,15 +88,16 @@ def _floored(graph, C, intervals, result, floor) -> MethodResult:
 
 
 def _certified_run(
-    graph, C, intervals, floor, init, deadline, solve, certify, start_point, durations=()
+    graph, C, intervals, floor, init, deadline, solve, certify, start_point, durations=None
 ):  # fmt: skip
     """A dual method's result with its reported bound certified in floating point: the
     solvers' values hold in exact arithmetic only, so the bound is `certify(point)` at the
     result's `certificate` (`bounds.dual.certified`, `bounds.dual.anderson.certified`), never
     below `floor` nor `certify(start_point)`. That pass is timed once at the start and kept
     back from `solve(deadline)`'s time; when the time is gone (before the solver, or before
-    the last pass) the bounds already certified are kept."""
-    if passed(deadline):  # the start took the time: its bound (sound)
+    the last pass) the bounds already certified are kept; `durations` (the seconds of the start's
+    CROWN chunks) predict the first pass, which is not started past the deadline."""
+    if passed(deadline) or predicted_past(deadline, durations):  # the start's bound (sound)
         return _floored(graph, C, intervals, DualResult(floor, init, {"iterations": 0}), floor)
     tick = time.monotonic()
     certified = torch.maximum(floor, certify(start_point))

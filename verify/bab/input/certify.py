@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from bounds.graph.graph import Graph
 from bounds.methods.crown import crown
 from bounds.types import Interval, rounded_down
-from verify.attack import min_max
+from verify.attack import combination_groups, min_max
 from verify.bab.common import RegionOutcome
 from verify.bab.config import BabConfig
 from verify.bab.input.bounder import InputBounder
@@ -62,9 +62,7 @@ def combination_weights(region: Region, max_rows: int = 6) -> list[tuple[int, np
         n = len(p.b)
         if not 2 <= n <= max_rows:
             continue
-        groups = [[i, j] for i in range(n) for j in range(i + 1, n)]
-        groups += [list(range(n))] if n >= 3 else []
-        for group in groups:
+        for group in combination_groups(list(range(n))):
             lam = np.zeros(n)
             lam[group] = 1.0 / len(group)
             out.append((poly, lam))
