@@ -301,7 +301,9 @@ def _agreement(onnx_path, spec_path, k: int = 1000) -> tuple[np.ndarray, np.ndar
     rng, r = np.random.default_rng(0), regions[0]
     a, b = (rng.uniform(r.lower, r.upper, size=(k, len(r.lower))) for _ in range(2))
     lower = np.minimum(a, b)
-    upper = np.minimum(np.maximum(a, b), lower + rng.uniform(1e-3, 0.3, (k, 1)) * (r.upper - r.lower))
+    upper = np.minimum(
+        np.maximum(a, b), lower + rng.uniform(1e-3, 0.3, (k, 1)) * (r.upper - r.lower)
+    )
     poly = r.unsafe[0]
     box = Interval(*(torch.tensor(t).reshape(k, *shape) for t in (lower, upper)))
     engine = crown(graph, box, torch.tensor(poly.A).expand(k, *poly.A.shape), None, True)[0]

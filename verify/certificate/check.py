@@ -112,8 +112,11 @@ class Checker:
         self.fail(ints, ~np.isfinite(lam).all(1) | (lam < 0).any(1) | ~(lam != 0).any(1)
                   | ((width >= rows[:, None]) & (lam != 0)).any(1),
                   "lambda must be finite, >= 0, not all 0, over the polytope's rows")  # fmt: skip
-        self.fail(ints, (boxes[0] < lower).any(1) | (boxes[1] > upper).any(1),
-                  "its box is not the tree's (a split moved or flipped)")
+        self.fail(
+            ints,
+            (boxes[0] < lower).any(1) | (boxes[1] > upper).any(1),
+            "its box is not the tree's (a split moved or flipped)",
+        )
         self.slopes(ints, alphas)
         self.fail(ints, ~(claim > 0), "the claimed bound is not > 0")
         got = self.derive(ints, lam, boxes, dict(zip(self.relus, alphas)))

@@ -96,7 +96,7 @@ def backward(
 def intervals(layers: list[Layer], box: tuple[np.ndarray, np.ndarray]) -> Bounds:
     """Sound intervals `[K, n_j]` of every `v_j` on the boxes `[K, n_0]` (module docstring)."""
     out: Bounds = []
-    for k, (w, c, relu) in enumerate(layers, start=1):
+    for k, (w, c, _) in enumerate(layers, start=1):
         prev = out[-1] if out else box
         below_relu = k > 1 and layers[k - 2][2]
         low, high = (np.maximum(prev[0], 0), np.maximum(prev[1], 0)) if below_relu else prev
