@@ -254,6 +254,34 @@ def _reduce(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     return b.reshape(y, out, node)
 
 
+def _reduce_extreme(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
+    """ReduceMax/ReduceMin over constant axes: per axis a tournament of `torch.maximum` (or
+    `minimum`) of its first and last `ceil(n / 2)` entries (overlapping by one when `n` is odd:
+    max is idempotent), log2(n) levels of the two-input max relaxation; then a reshape."""
+    x, attrs = activation(node, inputs), node_attributes(node)
+    rank = len(x.shape)
+    axes = _ints(node, inputs, 1, "axes")
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(rank))
+    axes = sorted({_axis(node, a, rank) for a in axes})
+    if x.batched and 0 in axes:
+        x = b.unbatched(x)
+    fn = torch.maximum if node.op_type == "ReduceMax" else torch.minimum
+    for a in axes:
+        while x.shape[a] > 1:
+            n = x.shape[a]
+            k = (n + 1) // 2
+            halves = [b.function(torch.index_select, x, x.axis(a),
+                                 b.buffer(f"{hint(node)}_index", np.arange(start, start + k), np.int64),
+                                 batched=x.batched) for start in (0, n - k)]  # fmt: skip
+            x = b.function(fn, *halves, batched=x.batched, hint=hint(node))
+    keep = attrs.get("keepdims", 1)
+    out = tuple(1 if a in axes else d for a, d in enumerate(x.shape) if keep or a not in axes)
+    return b.reshape(x, out, node)
+
+
 def _cast(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     """Casts to float32/float64 are exact on our float32 values; half precision rounds."""
     x, to = activation(node, inputs), node_attributes(node).get("to")
@@ -476,6 +504,8 @@ HANDLERS: dict[str, Callable[[GraphBuilder, Node, list[Value]], Any]] = {
     "Pad": _pad,
     "ReduceSum": _reduce,
     "ReduceMean": _reduce,
+    "ReduceMax": _reduce_extreme,
+    "ReduceMin": _reduce_extreme,
     "Cast": _cast,
     "Where": _where,
     "ConvTranspose": _conv_transpose,
