@@ -33,6 +33,7 @@ from verify.bab.input.certify import CertifyingBab, Recorder, certificate_config
 from verify.certificate.store import CertificateWriter, sha256_file
 from verify.distributed.shards import ShardedSolver
 from verify.errors import CertificateUnsupportedError
+from verify.input_rows import strip_inputs, with_input_rows
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import Region, VnnlibProperty
@@ -197,6 +198,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
         net, spec = _load(net, spec)
         net = evaluation_mode(net)
         check_sizes(net, spec)
+        n_outputs = spec.n_outputs
+        net, spec = with_input_rows(net, spec)
         found = _attack_all(net, spec, config.attack, seed, deadline)
         status = "sat" if found is not None else "unsat"
         for region in spec.regions if found is None else ():
@@ -208,6 +211,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
             if outcome.status != "unsat":
                 status, found = outcome.status, outcome.counterexample
                 break
+        if spec.n_outputs != n_outputs:
+            found = strip_inputs(found, n_outputs)
     except KeyboardInterrupt:
         status, found = "unknown", None
         stats["interrupted"] = True
@@ -229,6 +234,8 @@ def _verify_certified(
         hashes = (sha256_file(net), sha256_file(spec))
     config = certificate_config(config)
     net, loaded = _load(net, spec)
+    if any(p.A_x is not None for r in loaded.regions for p in r.unsafe):
+        raise CertificateUnsupportedError("certificates of properties with input rows (A_x)")
     writer = CertificateWriter(path, *hashes)
     index = {id(r): k for k, r in enumerate(loaded.regions)}
 
