@@ -332,3 +332,29 @@ def test_checker_agrees_with_the_engine_on_acasxu():
     onnx_path = ACAS / "onnx" / "ACASXU_run2a_1_1_batch_2000.onnx.gz"
     engine, checker = _agreement(onnx_path, ACAS / "vnnlib" / "prop_3.vnnlib.gz")
     assert (np.abs(engine - checker) <= 1e-9 * (1 + np.abs(engine))).all()
+
+
+def test_bias_and_product_slack_bound_the_exact_values():
+    """`bias_lo` is below the exact `a c`; `product_slack` bounds the exact rounding error of
+    `fl(a w)` summed against `h` (rational arithmetic, huge and tiny magnitudes)."""
+    from verify.certificate.arith import bias_lo, l1_up, product_slack
+
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(2, 3, 7)) * 10.0 ** rng.integers(-8, 9, size=(2, 3, 7))
+    c = rng.normal(size=7) * 1e6
+    w = rng.normal(size=(7, 4)) * 10.0 ** rng.integers(-6, 7, size=(7, 4))
+    h = np.abs(rng.normal(size=(2, 4))) * 1e3
+    norm = l1_up(a)
+    low = bias_lo(a, norm, c)
+    value, slack = product_slack(a, w, h, norm)
+    for k in range(2):
+        for m in range(3):
+            exact = sum(Fraction(float(p)) * Fraction(float(q)) for p, q in zip(a[k, m], c))
+            assert Fraction(float(low[k, m])) <= exact
+            err = sum(
+                abs(Fraction(float(value[k, m, j]))
+                    - sum(Fraction(float(a[k, m, i])) * Fraction(float(w[i, j])) for i in range(7)))
+                * Fraction(float(h[k, j]))
+                for j in range(4)
+            )  # fmt: skip
+            assert err <= Fraction(float(slack[k, m]))
