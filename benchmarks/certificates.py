@@ -1,6 +1,6 @@
 """Proof certificates (issue 26): what certificate mode costs and whether its certificates hold.
 
-    python benchmarks/certificates.py --suite acasxu|mnist_fc|all [--limit N]
+    python benchmarks/certificates.py --suite acasxu|mnist_fc|all [--limit N] [--every K]
         [--fraction 0.05] [--out benchmarks/results/certificates/]
 
 For each VNN-COMP 2022 instance, at `fraction` of its timeout, in one process (1 thread):
@@ -239,9 +239,10 @@ def markdown(summaries: dict[str, dict[str, Any]], command: str, stamp: str) -> 
     return "\n".join(lines) + "\n"
 
 
-def run_suite(suite: str, fraction: float, limit: int | None, scratch: Path) -> list[dict]:
+def run_suite(suite: str, fraction: float, limit: int | None, every: int,
+              scratch: Path) -> list[dict]:  # fmt: skip
     rows = []
-    instances = vnncomp_timed_instances(suite)[:limit]
+    instances = vnncomp_timed_instances(suite)[::every][:limit]
     for i, (net, spec, timeout) in enumerate(instances):
         row = run_instance(net, spec, fraction * timeout, i % 2 == 1, scratch)
         rows.append({"suite": suite, **row})
@@ -257,6 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default="all", choices=(*SUITES, "all"))
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--every", type=int, default=1, help="every k-th instance only")
     parser.add_argument("--fraction", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=RESULTS / "certificates")
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
@@ -270,7 +272,7 @@ def main() -> None:
     for suite in SUITES if args.suite == "all" else (args.suite,):
         scratch = Path(tempfile.mkdtemp(prefix="certificates_"))
         try:
-            rows = run_suite(suite, args.fraction, args.limit, scratch)
+            rows = run_suite(suite, args.fraction, args.limit, args.every, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         summary = summarize(rows)
@@ -279,7 +281,7 @@ def main() -> None:
         print(text)
         (args.out / f"{name}.md").write_text(text)
         payload = {"meta": {"command": command, "date": stamp, "fraction": args.fraction,
-                            "limit": args.limit}, "summary": summary, "rows": rows}  # fmt: skip
+                            "limit": args.limit, "every": args.every}, "summary": summary, "rows": rows}  # fmt: skip
         (args.out / f"{name}.json").write_text(json.dumps(payload, indent=1))
 
 
