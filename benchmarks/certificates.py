@@ -78,16 +78,16 @@ def rewrite(src: Path, dst: Path, edit: Edit) -> None:
             zout.writestr(name, data)
 
 
-def batch_of(cert: Path, member: str, last: bool) -> str:
-    """The prefix `b{k}_` of the first (or last) batch holding `member`."""
+def batch_of(cert: Path, member: str, last: bool) -> str | None:
+    """The prefix `b{k}_` of the first (or last) batch holding `member` (None: no batch)."""
     with zipfile.ZipFile(cert) as zf:
         found = [int(n[1:].split("_")[0]) for n in zf.namelist() if n.endswith(f"_{member}.npy")]
+    if not found:
+        return None
     return f"b{max(found) if last else min(found)}_"
 
 
-def _raise_claim(cert: Path) -> Edit:
-    prefix = batch_of(cert, "leaf_claim", last=True)
-
+def _raise_claim(prefix: str) -> Edit:
     def edit(name: str, a: np.ndarray) -> np.ndarray | None:
         if name != f"{prefix}leaf_claim.npy":
             return None
@@ -97,14 +97,11 @@ def _raise_claim(cert: Path) -> Edit:
     return edit
 
 
-def _remove_leaf(cert: Path) -> Edit:
-    prefix = batch_of(cert, "leaf_ints", last=True)
+def _remove_leaf(prefix: str) -> Edit:
     return lambda name, a: a[:-1] if name.startswith(f"{prefix}leaf_") else None
 
 
-def _swap_children(cert: Path) -> Edit:
-    prefix = batch_of(cert, "split_ints", last=False)
-
+def _swap_children(prefix: str) -> Edit:
     def edit(name: str, a: np.ndarray) -> np.ndarray | None:
         if name != f"{prefix}split_ints.npy":
             return None
@@ -114,10 +111,11 @@ def _swap_children(cert: Path) -> Edit:
     return edit
 
 
-MUTATIONS: dict[str, Callable[[Path], Edit]] = {
-    "claim raised": _raise_claim,
-    "leaf removed": _remove_leaf,
-    "split children swapped": _swap_children,
+# name: (the member edited, in the last batch holding it (else the first), the edit of it)
+MUTATIONS: dict[str, tuple[str, bool, Callable[[str], Edit]]] = {
+    "claim raised": ("leaf_claim", True, _raise_claim),
+    "leaf removed": ("leaf_ints", True, _remove_leaf),
+    "split children swapped": ("split_ints", False, _swap_children),
 }
 
 
@@ -134,9 +132,12 @@ def changed_spec(spec: Path, dst: Path) -> Path:
 def mutations(net: Path, spec: Path, cert: Path, scratch: Path) -> dict[str, dict[str, Any]]:
     """Each mutation of the "unsat" certificate `cert` checked: `{name: {valid, reason}}`."""
     out = {}
-    for name, make in MUTATIONS.items():
+    for name, (member, last, make) in MUTATIONS.items():
+        prefix = batch_of(cert, member, last)
+        if prefix is None:
+            continue  # no split to swap: the root was closed
         bad = scratch / "mutated.cert"
-        rewrite(cert, bad, make(cert))
+        rewrite(cert, bad, make(prefix))
         result = check_certificate(net, spec, bad)
         out[name] = {"valid": result.valid, "reason": result.reason}
     result = check_certificate(net, changed_spec(spec, scratch / "changed.vnnlib"), cert)
@@ -239,13 +240,17 @@ def markdown(summaries: dict[str, dict[str, Any]], command: str, stamp: str) -> 
     return "\n".join(lines) + "\n"
 
 
-def run_suite(suite: str, fraction: float, limit: int | None, every: int,
-              scratch: Path) -> list[dict]:  # fmt: skip
+def run_suite(suite: str, fraction: float, limit: int | None, every: int, scratch: Path,
+              partial: Path) -> list[dict]:  # fmt: skip
+    """Every `every`-th instance of the suite (at most `limit`), each row also appended to
+    `partial` (JSON lines) as it is done."""
     rows = []
     instances = vnncomp_timed_instances(suite)[::every][:limit]
     for i, (net, spec, timeout) in enumerate(instances):
         row = run_instance(net, spec, fraction * timeout, i % 2 == 1, scratch)
         rows.append({"suite": suite, **row})
+        with open(partial, "a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
         check = row.get("check", {})
         print(f"[{suite} {i + 1}/{len(instances)}] {net.name} {spec.name}: plain "
               f"{row['plain']['status']} {row['plain']['seconds']:.2f} s, certified "
@@ -270,13 +275,16 @@ def main() -> None:
     command = "python " + " ".join(sys.argv)
     stamp = time.strftime("%Y-%m-%d %H:%M")
     for suite in SUITES if args.suite == "all" else (args.suite,):
+        name = f"certificates_{suite}{'_' + args.tag if args.tag else ''}"
         scratch = Path(tempfile.mkdtemp(prefix="certificates_"))
+        partial = args.out / f"{name}.partial.jsonl"
+        partial.unlink(missing_ok=True)
         try:
-            rows = run_suite(suite, args.fraction, args.limit, args.every, scratch)
+            rows = run_suite(suite, args.fraction, args.limit, args.every, scratch, partial)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        partial.unlink()
         summary = summarize(rows)
-        name = f"certificates_{suite}{'_' + args.tag if args.tag else ''}"
         text = markdown({suite: summary}, command, stamp)
         print(text)
         (args.out / f"{name}.md").write_text(text)
