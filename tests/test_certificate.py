@@ -20,6 +20,7 @@ from benchmarks import certificates
 from bounds.graph.graph import build_graph
 from bounds.methods.crown import crown_intervals
 from bounds.types import Interval
+from verify.bab.input import certify
 from verify.bab.input.certify import (
     RecordingBounder,
     Recorder,
@@ -449,3 +450,19 @@ def test_checker_agrees_with_the_engine_on_acasxu():
     onnx_path = ACAS / "onnx" / "ACASXU_run2a_1_1_batch_2000.onnx.gz"
     engine, checker = _agreement(onnx_path, ACAS / "vnnlib" / "prop_3.vnnlib.gz")
     assert (np.abs(engine - checker) <= 1e-9 * (1 + np.abs(engine))).all()
+
+
+def test_small_batches_valid(tmp_path, monkeypatch):
+    """Records appended in many small batches (splits and leaves of one node in different
+    batches) make the same valid certificate."""
+    monkeypatch.setattr(certify, "FLUSH", 5)
+    net = _net()
+    onnx_path, spec_path, cert = tmp_path / "net.onnx", tmp_path / "prop.vnnlib", tmp_path / "c"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    _write_spec(spec_path, _threshold(net))
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert answer.status == "unsat"
+    with zipfile.ZipFile(cert) as zf:
+        assert json.loads(zf.read("manifest.json"))["batches"] > 3
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result

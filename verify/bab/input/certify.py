@@ -50,6 +50,7 @@ from verify.errors import CertificateUnsupportedError
 from verify.property import Region
 
 FLUSH = 16384  # records buffered before a batch is appended
+FLUSH_BYTES = 32 * 2**20  # or bytes buffered (wide inputs: a leaf's boxes are 16 bytes per input)
 SLOPED = (None, "crown", "alpha-crown")  # strong methods whose bounds a leaf's slopes give
 
 
@@ -137,7 +138,7 @@ class Recorder:
         self.count = 0
         self.splits: list[tuple[np.ndarray, np.ndarray]] = []
         self.leaves: list[list[np.ndarray]] = []
-        self.pending = 0
+        self.pending = self.pending_bytes = 0
 
     @staticmethod
     def keys(lower: Tensor, upper: Tensor) -> list[bytes]:
@@ -213,7 +214,8 @@ class Recorder:
         slopes = [a.cpu().numpy().reshape(k * p, -1) for a in alphas]
         self.leaves.append([ints, self.lambdas[best_np.reshape(-1)], claim, *boxes, *slopes])
         self.pending += k * p
-        if self.pending >= FLUSH:
+        self.pending_bytes += sum(a.nbytes for a in self.leaves[-1])
+        if self.pending >= FLUSH or self.pending_bytes >= FLUSH_BYTES:
             self.flush()
 
     def flush(self) -> None:
@@ -228,7 +230,7 @@ class Recorder:
             members |= {f"leaf_alpha{j}": a for j, a in enumerate(parts[5:])}  # fmt: skip
         if members:
             self.writer.append(members)
-        self.splits, self.leaves, self.pending = [], [], 0
+        self.splits, self.leaves, self.pending, self.pending_bytes = [], [], 0, 0
 
 
 class RecordingBounder(InputBounder):
