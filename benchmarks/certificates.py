@@ -43,9 +43,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import DATA, RESULTS, vnncomp_timed_instances  # noqa: E402
-from verify import check_certificate, verify  # noqa: E402
-from verify.errors import CertificateUnsupportedError  # noqa: E402
+from benchmarks.common import DATA, RESULTS, vnncomp_timed_instances
+from verify import check_certificate, verify
+from verify.errors import CertificateUnsupportedError
 
 SUITES = ("acasxu", "mnist_fc")
 SOLVED = ("sat", "unsat")
@@ -183,7 +183,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The suite's figures (module docstring)."""
     plain = {r["network"] + "/" + r["property"] for r in rows if r["plain"]["status"] in SOLVED}
     cert = {r["network"] + "/" + r["property"] for r in rows if r["certified"]["status"] in SOLVED}
-    both = [r for r in rows if r["plain"]["status"] in SOLVED and r["certified"]["status"] in SOLVED]
+    both = [
+        r for r in rows if r["plain"]["status"] in SOLVED and r["certified"]["status"] in SOLVED
+    ]
     t_plain = sum(r["plain"]["seconds"] for r in both)
     t_cert = sum(r["certified"]["seconds"] for r in both)
     per = [r["certified"]["seconds"] / r["plain"]["seconds"] for r in both]
@@ -256,10 +258,13 @@ def run_suite(suite: str, fraction: float, limit: int | None, every: int, scratc
         with open(partial, "a") as f:
             f.write(json.dumps(rows[-1]) + "\n")
         check = row.get("check", {})
-        print(f"[{suite} {i + 1}/{len(instances)}] {net.name} {spec.name}: plain "
-              f"{row['plain']['status']} {row['plain']['seconds']:.2f} s, certified "
-              f"{row['certified']['status']} {row['certified']['seconds']:.2f} s, check "
-              f"{_fmt(check.get('seconds'), '.2f')} s {check.get('valid', '')}", flush=True)
+        print(
+            f"[{suite} {i + 1}/{len(instances)}] {net.name} {spec.name}: plain "
+            f"{row['plain']['status']} {row['plain']['seconds']:.2f} s, certified "
+            f"{row['certified']['status']} {row['certified']['seconds']:.2f} s, check "
+            f"{_fmt(check.get('seconds'), '.2f')} s {check.get('valid', '')}",
+            flush=True,
+        )
     return rows
 
 

@@ -22,8 +22,8 @@ from bounds.methods.crown import crown_intervals
 from bounds.types import Interval
 from verify.bab.input import certify
 from verify.bab.input.certify import (
-    RecordingBounder,
     Recorder,
+    RecordingBounder,
     certificate_config,
     certified_bounds,
 )
@@ -376,7 +376,7 @@ def test_certified_bounds_slopes_of_stable_neurons_are_adaptive():
     C = torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
     slopes = {a.name: torch.full((1, 2, *a.shape), 0.5, dtype=torch.float64)
               for a in graph.activations()}  # fmt: skip
-    low, alphas, _ = certified_bounds(graph, box, C, slopes)
+    _, alphas, _ = certified_bounds(graph, box, C, slopes)
     intervals = crown_intervals(graph, box, every_neuron=True)
     for act, alpha in zip(graph.activations(), alphas):
         iv = intervals[act.inputs[0]]

@@ -225,8 +225,13 @@ class Recorder:
             members |= {"split_ints": ints.astype(np.int64), "split_point": points}
         if self.leaves:
             parts = [np.concatenate(column) for column in zip(*self.leaves)]
-            members |= {"leaf_ints": parts[0].astype(np.int64), "leaf_lambda": parts[1],
-                        "leaf_claim": parts[2], "leaf_lower": parts[3], "leaf_upper": parts[4]}
+            members |= {
+                "leaf_ints": parts[0].astype(np.int64),
+                "leaf_lambda": parts[1],
+                "leaf_claim": parts[2],
+                "leaf_lower": parts[3],
+                "leaf_upper": parts[4],
+            }
             members |= {f"leaf_alpha{j}": a for j, a in enumerate(parts[5:])}  # fmt: skip
         if members:
             self.writer.append(members)
@@ -322,10 +327,9 @@ class CertifyingBab(RegionBab):
         bounder = RecordingBounder(old.graph, old.spec, old.config, old.check, old.sizer,
                                    old.stats, old.clock, old.root_box)  # fmt: skip
         device = old.check.spec.C.device
-        bounder.recorder, bounder.exact = recorder, tuple(
-            torch.tensor(np.array(t), dtype=torch.float64, device=device)[None]
-            for t in (region.lower, region.upper)
-        )
+        lower, upper = (torch.tensor(np.array(t), dtype=torch.float64, device=device)[None]
+                        for t in (region.lower, region.upper))  # fmt: skip
+        bounder.recorder, bounder.exact = recorder, (lower, upper)
         self.bounder, self.recorder = bounder, recorder
 
     def run(self, deadline: float) -> RegionOutcome:
