@@ -172,8 +172,10 @@ def verify(
     `certificate`: a path where an "unsat" or "sat" answer's proof certificate is written
     (`verify.certificate`; other answers leave a file without manifest). The SHA-256 of the
     network and property are those of the files when `net` and `spec` are paths, else `hashes`
-    `(network_sha256, property_sha256)` must be given. Certificate mode bounds by plain CROWN
-    with input splitting, one worker (`CertificateUnsupportedError` otherwise).
+    `(network_sha256, property_sha256)` must be given. Certificate mode runs input splitting
+    with the configuration's methods (CROWN, and alpha-CROWN on its output slopes from
+    `strong_depth` on: `verify.bab.input.certify.certificate_config`), one worker
+    (`CertificateUnsupportedError` otherwise).
     """
     seconds = check_timeout(timeout)
     config = replace(config or BabConfig(), method=method)
