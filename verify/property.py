@@ -68,11 +68,37 @@ class Region:
             raise ShapeMismatchError(f"Region: lower {self.lower.shape} vs {self.upper.shape}")
 
 
+@dataclass(frozen=True)
+class NetworkDecl:
+    """One network of a VNN-LIB 2.0 property over several: its name, its input's and output's
+    sizes and shapes, and the network it is declared `equal-to` (the same model), if any. Its
+    input is `x[input_offset : input_offset + n_inputs]` of the property's flat input, its
+    output likewise of the flat output (declaration order)."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    input_offset: int
+    output_offset: int
+    equal_to: str | None = None
+
+    @property
+    def n_inputs(self) -> int:
+        return int(np.prod(self.input_shape))
+
+    @property
+    def n_outputs(self) -> int:
+        return int(np.prod(self.output_shape))
+
+
 @dataclass(frozen=True, eq=False)
 class VnnlibProperty:
-    """A parsed VNN-LIB file: the property is violated iff ``(x, f(x))`` lies in ANY region."""
+    """A parsed VNN-LIB file: the property is violated iff ``(x, f(x))`` lies in ANY region.
+    ``networks``: for a property over several networks, each one's declaration (``x`` and
+    ``f(x)`` are then their inputs and outputs concatenated); empty for one network."""
 
     path: str
     n_inputs: int
     n_outputs: int
     regions: tuple[Region, ...]
+    networks: tuple[NetworkDecl, ...] = ()

@@ -17,7 +17,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,17 +36,24 @@ from verify.errors import CertificateUnsupportedError
 from verify.input_rows import strip_inputs, with_input_rows
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
+from verify.product import Product, is_several, product_network
 from verify.property import Region, VnnlibProperty
 from verify.result import VerificationResult
 
 
-def _load(net: nn.Module | str | os.PathLike, spec) -> tuple[nn.Module, VnnlibProperty]:
-    if isinstance(net, (str, os.PathLike)):
-        net = load_onnx(net)
+def _load(net: nn.Module | str | os.PathLike | Sequence, spec) -> tuple[nn.Module, VnnlibProperty]:
+    """The network (a property over several networks: the product of one model or path per
+    declared network, `verify.product`) and the property."""
     if isinstance(spec, (str, os.PathLike)):
         spec = load_vnnlib(spec)
     if not isinstance(spec, VnnlibProperty):
         raise TypeError(f"spec must be a VnnlibProperty or a path, got {type(spec).__name__}")
+    if is_several(net) or (spec.networks and not isinstance(net, Product)):
+        nets = list(net) if is_several(net) else [net]
+        nets = [load_onnx(n) if isinstance(n, (str, os.PathLike)) else n for n in nets]
+        return product_network(nets, spec), spec
+    if isinstance(net, (str, os.PathLike)):
+        net = load_onnx(net)
     return net, spec
 
 

@@ -44,6 +44,8 @@ from verify.cli.options import (
     count_option,
     distributed,
     load_network,
+    load_networks,
+    network_paths,
     resolve,
     seconds_option,
 )
@@ -92,9 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 def prepared(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
     """`run`'s network, property and settings (bad files and options raise
     VerificationInputError)."""
-    network, prop_path = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
-    net = load_network(network, args.device)
-    prop = load_vnnlib(prop_path)
+    prop = load_vnnlib(resolve(Path.cwd(), str(args.property)))
+    net = load_networks(network_paths(Path.cwd(), str(args.network)), args.device, prop)
     config = bab_config(args)
     check_method(args, net, prop, config)
     return net, prop, config
@@ -204,10 +205,14 @@ def run_all(
 def _run_instance(args, instance: Instance, root: Path, nets: dict, config, start: float) -> str:
     """The status of one instance (KeyboardInterrupt propagates; bad files raise
     VerificationInputError)."""
-    net_path, prop_path = resolve(root, instance.network), resolve(root, instance.property)
-    if net_path not in nets:
-        nets[net_path] = load_network(net_path, args.device)
+    net_paths, prop_path = network_paths(root, instance.network), resolve(root, instance.property)
+    net_path = net_paths[0]
     prop = load_vnnlib(prop_path)
+    if len(net_paths) > 1 or prop.networks:
+        net_path = Path(";".join(map(str, net_paths))) if len(net_paths) > 1 else net_path
+        nets[net_path] = load_networks(net_paths, args.device, prop)
+    elif net_path not in nets:
+        nets[net_path] = load_network(net_path, args.device)
     check_method(args, nets[net_path], prop, config)
     budget = instance.timeout * args.timeout_scale - (time.monotonic() - start)
     if budget <= 0:

@@ -18,6 +18,7 @@ from bounds.registry import available_methods, methods_with
 from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
 from verify.distributed.cluster import require_ray
 from verify.io.onnx_loader import load_onnx
+from verify.product import product_network
 from verify.property import VnnlibProperty
 
 DEFAULT_METHOD = "crown"
@@ -161,6 +162,24 @@ def check_output_file(path: Path, option: str) -> None:
 
 def load_network(path: Path, device: str) -> torch.nn.Module:
     return load_onnx(path).to(device).eval()
+
+
+NETWORKS_SEPARATOR = ";"  # several networks in one argument or CSV cell (VNN-LIB 2.0 properties)
+
+
+def network_paths(root: Path, text: str) -> list[Path]:
+    """The network paths of an argument or CSV cell (`a.onnx;b.onnx`: several, in the order
+    the property declares its networks), each resolved as `resolve` does."""
+    return [resolve(root, part.strip()) for part in text.split(NETWORKS_SEPARATOR)]
+
+
+def load_networks(paths: list[Path], device: str, prop: VnnlibProperty) -> torch.nn.Module:
+    """The network, or for a property over several networks their product
+    (`verify.product`), loaded from `paths`."""
+    nets = [load_network(p, device) for p in paths]
+    if len(nets) == 1 and not prop.networks:
+        return nets[0]
+    return product_network(nets, prop)
 
 
 def bab_config(args: argparse.Namespace) -> BabConfig:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from verify.certificate.store import sha256_file
-from verify.cli.options import check_output_file, load_network, resolve
+from verify.cli.options import check_output_file, load_networks, network_paths, resolve
 from verify.io.vnnlib_load import load_vnnlib
 from verify.verifier import check_sizes
 
@@ -44,19 +44,23 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     )
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    return resolve(Path.cwd(), str(args.network)), resolve(Path.cwd(), str(args.property))
+def _paths(args: argparse.Namespace) -> tuple[list[Path], Path]:
+    return network_paths(Path.cwd(), str(args.network)), resolve(Path.cwd(), str(args.property))
+
+
+def _hash(paths: list[Path]) -> str:
+    return ";".join(sha256_file(p) for p in paths)
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Load and check the instance, then cache it (`args.cache / CACHE_NAME`, by a rename)."""
-    network, prop_path = _paths(args)
+    networks, prop_path = _paths(args)
     args.cache.mkdir(parents=True, exist_ok=True)
     check_output_file(args.cache / CACHE_NAME, "--cache")
-    net = load_network(network, "cpu")
     prop = load_vnnlib(prop_path)
+    net = load_networks(networks, "cpu", prop)
     check_sizes(net, prop)
-    payload = {"network_sha256": sha256_file(network), "property_sha256": sha256_file(prop_path),
+    payload = {"network_sha256": _hash(networks), "property_sha256": sha256_file(prop_path),
                "network": net, "property": prop}  # fmt: skip
     fd, tmp = tempfile.mkstemp(dir=args.cache, suffix=".part")
     os.close(fd)
@@ -69,10 +73,10 @@ def cached(args: argparse.Namespace) -> tuple[torch.nn.Module, Any] | None:
     path = args.cache / CACHE_NAME if getattr(args, "cache", None) else None
     if path is None or not path.is_file():
         return None
-    network, prop_path = _paths(args)
+    networks, prop_path = _paths(args)
     payload = torch.load(path, weights_only=False)  # our own file, written by `prepare`
     if (payload.get("network_sha256"), payload.get("property_sha256")) != (
-        sha256_file(network),
+        _hash(networks),
         sha256_file(prop_path),
     ):
         return None

@@ -45,7 +45,7 @@ from verify.io.vnnlib_common import (
     line_count,
     read_text,
 )
-from verify.property import VnnlibProperty
+from verify.property import NetworkDecl, VnnlibProperty
 
 try:  # optional dependency: `load_vnnlib2` says so when it is missing
     import vnnlib as _pkg
@@ -92,26 +92,57 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     _check_depth(ctx, text)
     text = _declarations(ctx, text)
     query = _parse(ctx, text)
-    network = _single_network(ctx, query, text)
-    x_def, y_def = network.inputs[0], network.outputs[0]
-    sizes = (_size(x_def.shape), _size(y_def.shape))
+    networks = _networks(ctx, query, text)
+    decls, tensors, inputs = _layout(networks)
+    sizes = (sum(d.n_inputs for d in decls if d.equal_to is None), sum(d.n_outputs for d in decls))
     if sizes[0] * sizes[1] > MAX_ENTRIES or sizes[0] + sizes[1] > MAX_ENTRIES:
         raise ctx.error(f"tensors too large (> {MAX_ENTRIES} entries)", last_line)
-    tensors = {(x_def.name, "Input"): ("X", x_def), (y_def.name, "Output"): ("Y", y_def)}
     dnfs = [_formula(ctx, tensors, a.expr) for a in query.assertions]
     if not dnfs:
         raise ctx.error("no assertion (the unsafe set is missing)", last_line)
+    several = tuple(decls) if len(decls) > 1 else ()
     if any(not dnf for dnf in dnfs):  # an assertion that never holds: the unsafe set is empty
-        return VnnlibProperty(path, sizes[0], sizes[1], ())
+        return VnnlibProperty(path, sizes[0], sizes[1], (), several)
     common, terms = dnf_terms(ctx, dnfs, last_line)
     if not constrains_outputs(common, terms):
-        raise ctx.error(f"no constraint on the output {y_def.name} (unsafe set missing)", last_line)
-    names = (x_def, y_def)
+        outputs = ", ".join(n.outputs[0].name for n in networks)
+        raise ctx.error(f"no constraint on the output {outputs} (unsafe set missing)", last_line)
     regions = group_regions(
         ctx, common, terms, sizes, last_line,
-        name=lambda i: _element(names[0], i), missing_line=lambda i: last_line,
+        name=lambda i: _input_name(inputs, i), missing_line=lambda i: last_line,
     )  # fmt: skip
-    return VnnlibProperty(path, sizes[0], sizes[1], regions)
+    return VnnlibProperty(path, sizes[0], sizes[1], regions, several)
+
+
+def _layout(networks: list) -> tuple[list[NetworkDecl], dict, list]:
+    """Each network's declaration with its place in the flat input and output (declaration
+    order; a network `equal-to` another shares that one's input: its input variables are the
+    same positions), the tensors by (name, kind) -> (letter, definition, offset), and the
+    inputs' offsets (for names in messages)."""
+    decls: list[NetworkDecl] = []
+    tensors, inputs, by_name = {}, [], {}
+    in_off = out_off = 0
+    for net in networks:
+        x_def, y_def = net.inputs[0], net.outputs[0]
+        x_shape, y_shape = (tuple(int(d) for d in t.shape) for t in (x_def, y_def))
+        shared = by_name.get(net.equal_to) if net.equal_to else None
+        offset = shared.input_offset if shared is not None else in_off
+        decl = NetworkDecl(net.name, x_shape, y_shape, offset, out_off, net.equal_to or None)
+        decls.append(decl)
+        by_name[net.name] = decl
+        tensors[(x_def.name, "Input")] = ("X", x_def, offset)
+        tensors[(y_def.name, "Output")] = ("Y", y_def, out_off)
+        if shared is None:
+            inputs.append((offset, x_def))
+            in_off += decl.n_inputs
+        out_off += decl.n_outputs
+    return decls, tensors, inputs
+
+
+def _input_name(inputs: list, flat: int) -> str:
+    """The element name (`A[2]`) of position `flat` of the concatenated inputs."""
+    offset, definition = next((o, d) for o, d in reversed(inputs) if o <= flat)
+    return _element(definition, flat - offset)
 
 
 def _declarations(ctx: Context, text: str) -> str:
@@ -180,29 +211,38 @@ def _line_of(text: str, pattern: str, nth: int = 0) -> int | None:
     return text.count("\n", 0, matches[nth].start()) + 1 if len(matches) > nth else None
 
 
-def _single_network(ctx: Context, query, text: str):
-    """The one network, with one floating-point input and output tensor and nothing else."""
+def _networks(ctx: Context, query, text: str) -> list:
+    """The declared networks, each with one floating-point input and output tensor and no
+    hidden one; `equal-to` must name an earlier network with the same shapes (the same model
+    on its own input). `isomorphic-to` (a model of the same interface, weights unknown) is
+    read as a network of its own."""
     networks = query.networks
-    if len(networks) != 1:
-        msg = f"not supported: {len(networks)} networks declared (exactly one is supported)"
-        line = _line_of(text, r"\(\s*declare-network\b", 1) if networks else line_count(text)
-        raise ctx.error(msg, line)
-    net = networks[0]
-    where = f"network {net.name}"
-    if len(net.inputs) != 1 or len(net.outputs) != 1:
-        msg = f"not supported: {where} has {len(net.inputs)} inputs and {len(net.outputs)} outputs"
-        raise ctx.error(msg + " (exactly one of each is supported)", None)
-    if net.hidden:
-        msg = f"not supported: hidden tensors (declare-hidden) in {where}"
-        raise ctx.error(msg, _line_of(text, r"\(\s*declare-hidden\b"))
-    if net.equal_to or net.isometric_to:
-        line = _line_of(text, r"\((?:equal|isomorphic|isometric)-to\b")
-        raise ctx.error(f"not supported: equal-to / isomorphic-to in {where}", line)
-    for tensor in (net.inputs[0], net.outputs[0]):
-        dtype = str(tensor.dtype).rsplit(".", 1)[-1]
-        if dtype not in _FLOAT_TYPES:
-            raise ctx.error(f"not supported: tensor {tensor.name} of type {dtype}", None)
-    return net
+    if not networks:
+        raise ctx.error("not supported: no network declared", line_count(text))
+    names = {}
+    for net in networks:
+        where = f"network {net.name}"
+        if len(net.inputs) != 1 or len(net.outputs) != 1:
+            msg = f"not supported: {where} has {len(net.inputs)} inputs and {len(net.outputs)} "
+            raise ctx.error(msg + "outputs (exactly one of each is supported)", None)
+        if net.hidden:
+            msg = f"not supported: hidden tensors (declare-hidden) in {where}"
+            raise ctx.error(msg, _line_of(text, r"\(\s*declare-hidden\b"))
+        for tensor in (net.inputs[0], net.outputs[0]):
+            dtype = str(tensor.dtype).rsplit(".", 1)[-1]
+            if dtype not in _FLOAT_TYPES:
+                raise ctx.error(f"not supported: tensor {tensor.name} of type {dtype}", None)
+        if net.equal_to:
+            other = names.get(net.equal_to)
+            shapes = [list(t.shape) for t in (net.inputs[0], net.outputs[0])]
+            if other is None or shapes != [
+                list(t.shape) for t in (other.inputs[0], other.outputs[0])
+            ]:
+                line = _line_of(text, r"\(\s*equal-to\b")
+                msg = f"{where} is equal-to {net.equal_to}: no earlier network of the same shapes"
+                raise ctx.error(msg, line)
+        names[net.name] = net
+    return list(networks)
 
 
 def _size(shape) -> int:
@@ -302,11 +342,11 @@ def _variable(ctx: Context, tensors: dict, var, line: int | None) -> tuple[str, 
     entry = tensors.get((var.name, kind))
     if entry is None:
         raise ctx.error(f"not supported: variable {var.name} ({kind.lower()})", line)
-    letter, definition = entry
+    letter, definition, offset = entry
     shape, indices = list(definition.shape), list(var.indices)
     if len(indices) != len(shape) or any(not 0 <= i < d for i, d in zip(indices, shape)):
         raise ctx.error(f"index {indices} out of the shape {shape} of {var.name}", line)
-    return letter, _flat_index(shape, indices)
+    return letter, offset + _flat_index(shape, indices)
 
 
 def _element(definition, flat: int) -> str:
