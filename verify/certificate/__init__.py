@@ -29,6 +29,7 @@ reads the network with its own ONNX reader (`onnx_plain`) and the property with 
 reader (`vnnlib_plain`); it imports no module of this project outside `verify.certificate`
 (`onnx` and numpy only)."""
 
+from verify.certificate import relu_check  # noqa: F401  (registers the ReLU-split checker)
 from verify.certificate.check import CheckResult, check_certificate
 
 __all__ = ["CheckResult", "check_certificate"]

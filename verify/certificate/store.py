@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-FORMAT, VERSION = "ldverify-certificate", 1
+FORMAT, VERSION = "ldverify-certificate", 2
 
 
 def sha256_file(path: str | os.PathLike) -> str:

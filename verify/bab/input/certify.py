@@ -3,8 +3,9 @@ the input-splitting search with its bounder recording every split and every clos
 
 Only plain CROWN on ReLU networks can give a leaf's parameters here (the lower slopes alpha of
 the final backward pass: CROWN's adaptive ones), so certificate mode bounds every domain by CROWN
-(`certificate_config`: no strong method) and refuses any other method, and ReLU splitting, with
-`CertificateUnsupportedError` (no fallback: the caller chose them). Splits are read off the kept
+(`certificate_config`: no strong method) and refuses any other method with
+`CertificateUnsupportedError` (no fallback: the caller chose it); ReLU splitting writes its own
+certificates (`verify.bab.relu.certify`). Splits are read off the kept
 sibling pairs the bounder confirms (left child `i` and right child `i + n`: the parent is their
 union, the split where they differ), so the brancher's trial of several dimensions is unchanged.
 
@@ -41,14 +42,12 @@ FLUSH = 4096  # records buffered before a batch is appended
 
 
 def certificate_config(config: BabConfig) -> BabConfig:
-    """`config` for certificate mode: CROWN for every domain (no strong method), input
-    splitting; `CertificateUnsupportedError` for another method or ReLU splitting."""
+    """`config` for certificate mode with input splitting: CROWN for every domain (no strong
+    method); `CertificateUnsupportedError` for another method."""
     if config.method != "crown":
         raise CertificateUnsupportedError(
             f"method {config.method!r} cannot give its parameters for a certificate; use 'crown'"
         )
-    if config.splitting == "relu":
-        raise CertificateUnsupportedError("ReLU splitting cannot write certificates yet")
     return replace(config, strong_method=None, splitting="input")
 
 
