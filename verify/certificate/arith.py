@@ -9,8 +9,9 @@ Theorems relied on (u = 2^-53, the unit roundoff of float64 round-to-nearest):
   (FMA or not), errs by at most gamma_n * sum_i |a_i b_i|, gamma_n = n u / (1 - n u); the sum
   `fl(sum |a_i b_i|)` is itself at least the exact one times (1 - gamma_n), so
   `2 gamma_{n+2} fl(sum |a_i b_i|)` (rounded up) bounds the error for n u < 0.01.
-- (T3) for any reals A, D and z in [l, u], `A relu(z) - D z` is piecewise linear with one break
-  at 0, so its minimum over [l, u] is attained at l, u or (when l < 0 < u) 0: `relu_residual`.
+- (T3) for any reals A, G, D and z in [l, u], `A relu(z) + G z - D z` is piecewise linear with
+  one break at 0, so its minimum over [l, u] is attained at l, u or (when l < 0 < u) 0:
+  `relu_residual`.
   Hence `A relu(z) >= D z + e` for ANY D, whatever rounding produced it (CROWN's slopes only
   choose D; soundness never depends on them).
 """
@@ -38,23 +39,43 @@ def up(x: np.ndarray) -> np.ndarray:
     return np.nextafter(np.asarray(x, dtype=np.float64) + TINY, np.inf)
 
 
-def matmul_err(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(fl(a @ b), err)` with `|fl(a @ b) - a @ b| <= err` entrywise (T2)."""
+def mv(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`fl(a x)` over the last axis, batched: `a [..., m, n]`, `x [..., n]` -> `[..., m]`."""
+    if a.ndim == 2:
+        return x @ a.T
+    if x.ndim == 1:
+        return a @ x
+    return np.matmul(a, x[..., None])[..., 0]
+
+
+def mv_lo(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A lower bound of the exact `a x` (`mv`'s shapes; T2)."""
     n = a.shape[-1]
-    value = a @ b
-    mass = np.abs(a) @ np.abs(b)
-    return value, up(2 * gamma(n + 2) * up(mass) + n * TINY)
+    err = up(2 * gamma(n + 2) * up(mv(np.abs(a), np.abs(x))) + n * TINY)
+    return down(down(mv(a, x)) - err)
 
 
-def matmul_lo(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A lower bound of the exact `a @ b` (T2)."""
-    value, err = matmul_err(a, b)
-    return down(down(value) - err)
+def product_slack(a: np.ndarray, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(fl(a @ w), s)`: `a [K, m, n]`, `w [n, p]` or `[K, n, p]`, `h [K, p] >= 0`, and `s
+    [K, m]` with `sum_j |fl(a w)_j - (a w)_j| h_j <= s` (T2, summed over j: each entry errs by
+    at most `gamma_n sum_i |a_i| |w_ij| <= gamma_n ||a||_1 max_i |w_ij|`, plus `n TINY` for
+    underflow; `4 gamma_{n+2}` covers the rounding of the two sums, each of non-negative terms
+    and so within a factor `1 - gamma` of its exact value)."""
+    n = a.shape[-1]
+    if w.ndim == 2:
+        value = (a.reshape(-1, n) @ w).reshape(*a.shape[:-1], w.shape[1])
+    else:
+        value = a @ w
+    column_max = np.abs(w).max(axis=-2)
+    weighted = up(np.sum(column_max * h, axis=-1))  # [K]
+    norm = up(np.abs(a).sum(axis=-1))  # [K, m]
+    slack = up(up(4 * gamma(n + 2) * norm) * weighted[:, None])
+    return value, up(slack + up(n * TINY * up(h.sum(axis=-1)))[:, None])
 
 
 def sum_lo(x: np.ndarray) -> np.ndarray:
     """A lower bound of the exact sum of `x` over its last axis (T2 with b = 1)."""
-    return matmul_lo(x, np.ones(x.shape[-1]))
+    return mv_lo(x, np.ones(x.shape[-1]))
 
 
 def add_lo(*terms: np.ndarray) -> np.ndarray:
@@ -68,21 +89,25 @@ def add_lo(*terms: np.ndarray) -> np.ndarray:
 def affine_interval(
     w: np.ndarray, c: np.ndarray, lower: np.ndarray, upper: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Interval arithmetic: bounds of `w x + c` for x in [lower, upper] (`w [n, m]`): the lower
-    one is `w+ lower + w- upper + c` rounded down (T1, T2), the upper one likewise up."""
+    """Interval arithmetic: bounds of `w x + c` for x in [lower, upper] (`w [n, m]` or
+    `[K, n, m]`, the bounds `[m]` or `[K, m]`): the lower one is `w+ lower + w- upper + c`
+    rounded down (T1, T2), the upper one likewise up."""
     pos, neg = np.maximum(w, 0), np.minimum(w, 0)
-    lo = add_lo(matmul_lo(pos, lower), matmul_lo(neg, upper), c)
-    hi = -add_lo(matmul_lo(-pos, upper), matmul_lo(-neg, lower), -c)
+    lo = add_lo(mv_lo(pos, lower), mv_lo(neg, upper), c)
+    hi = -add_lo(mv_lo(-pos, upper), mv_lo(-neg, lower), -c)
     return lo, hi
 
 
-def relu_residual(a: np.ndarray, d: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """A lower bound of `min_{z in [lower, upper]} a relu(z) - d z` per entry (T3; `a`, `d`
-    `[m, n]`, the bounds `[n]`)."""
+def relu_residual(a: np.ndarray, d: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                  g: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """A lower bound of `min_{z in [lower, upper]} a relu(z) + g z - d z` per entry (T3;
+    `a`, `d` `[..., n]`, the bounds and `g` broadcast to them; `g` None: 0)."""
 
     def at(z: np.ndarray) -> np.ndarray:
-        r = np.maximum(z, 0)
-        return down(down(a * r) - up(d * z))
+        r = down(a * np.maximum(z, 0))
+        if g is not None:
+            r = down(r + down(g * z))
+        return down(r - up(d * z))
 
     low = np.minimum(at(lower), at(upper))
     crosses = (lower < 0) & (upper > 0)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from verify.certificate.arith import affine_interval, matmul_lo
+from verify.certificate.arith import affine_interval, mv_lo
 from verify.certificate.crown64 import Layer, backward, intervals, point_interval
 from verify.certificate.onnx_plain import UnsupportedModelError, read_bytes, read_network
 from verify.certificate.store import FORMAT, VERSION, read_batches, read_manifest, sha256_file
@@ -76,12 +76,15 @@ class Tree:
 class Checker:
     """The state of one check: the network's layers, the property's regions, the trees."""
 
+    CHUNK = 1 << 23  # numbers of one chunk's widest row block: leaves x 2 x width^2
+
     def __init__(self, layers: list[Layer], regions: list[Region]) -> None:
         self.layers, self.regions = layers, regions
         self.relus = [k for k, (_, _, relu) in enumerate(layers, start=1) if relu]
         self.trees = [Tree(r.lower, r.upper) for r in regions]
         self.closed: set[tuple[int, int, int]] = set()
-        self._cache: tuple | None = None
+        width = max(w.shape[0] for w, _, _ in layers)
+        self.chunk = max(1, self.CHUNK // (2 * width * width))
 
     def splits(self, ints: np.ndarray, points: np.ndarray) -> None:
         for (region, parent, dim, left, right), point in zip(ints.tolist(), points.tolist()):
@@ -89,76 +92,100 @@ class Checker:
                 raise CertificateInvalidError(f"split of region {region}: no such region")
             self.trees[region].add_split(parent, dim, point, left, right)
 
-    def bounds_of(self, region: int, node: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The intervals of every layer on the node's box (cached for the last node)."""
-        if self._cache is None or self._cache[0] != (region, node):
-            box = self.trees[region].boxes[node]
-            self._cache = ((region, node), intervals(self.layers, box))
-        return self._cache[1]
+    def leaves(self, batch: dict[str, np.ndarray]) -> None:
+        """The leaves of one batch: each checked (C2), in chunks of `chunk` leaves."""
+        relus = sorted((k for k in batch if k.startswith("leaf_alpha")), key=lambda k: int(k[10:]))
+        for start in range(0, len(batch["leaf_ints"]), self.chunk):
+            part = slice(start, start + self.chunk)
+            self.leaf_chunk(batch["leaf_ints"][part], batch["leaf_lambda"][part],
+                            batch["leaf_claim"][part], batch["leaf_lower"][part],
+                            batch["leaf_upper"][part], [batch[k][part] for k in relus])  # fmt: skip
 
-    def leaf(self, ints: np.ndarray, lam: np.ndarray, claim: float,
-             box: tuple[np.ndarray, np.ndarray], alphas: list[np.ndarray]) -> None:  # fmt: skip
-        """One leaf `(region, node, polytope)`: checks (C2); Invalid naming the leaf."""
-        region, node, poly = (int(v) for v in ints)
-        name = f"leaf (region {region}, node {node}, polytope {poly})"
-        if not 0 <= region < len(self.trees) or node not in self.trees[region].boxes:
-            raise CertificateInvalidError(f"{name}: no such node")
-        if node in self.trees[region].split:
-            raise CertificateInvalidError(f"{name}: the node was split, it is no leaf")
-        unsafe = self.regions[region].unsafe
-        if not 0 <= poly < len(unsafe):
-            raise CertificateInvalidError(f"{name}: no such polytope")
-        rows = len(unsafe[poly].b)
-        if not np.isfinite(lam).all() or (lam < 0).any() or lam[rows:].any() or not lam.any():
-            raise CertificateInvalidError(
-                f"{name}: lambda must be finite, >= 0, not all 0, over {rows} rows"
-            )
-        derived = self.trees[region].boxes[node]
-        if (derived[0] < box[0]).any() or (derived[1] > box[1]).any():
-            raise CertificateInvalidError(
-                f"{name}: its box is not the tree's (a split moved or flipped)"
-            )
-        slopes = self.slopes(name, alphas)
-        claim = float(claim)
-        if not claim > 0:
-            raise CertificateInvalidError(f"{name}: claimed bound {claim} is not > 0")
-        got = self.derive(region, node, poly, lam[:rows], slopes)
-        if not claim <= got:
-            raise CertificateInvalidError(
-                f"{name}: claimed bound {claim} exceeds the re-derived bound {got}"
-            )
-        self.closed.add((region, node, poly))
+    def leaf_chunk(self, ints: np.ndarray, lam: np.ndarray, claim: np.ndarray,
+                   lower: np.ndarray, upper: np.ndarray, alphas: list[np.ndarray]) -> None:  # fmt: skip
+        """Leaves `(region, node, polytope)` `ints [L, 3]`: checks (C2); Invalid naming the
+        first leaf that fails."""
+        boxes = self.boxes_of(ints)
+        rows = np.array([len(self.regions[r].unsafe[p].b) for r, _, p in ints.tolist()])
+        width = np.arange(lam.shape[1])[None, :]
+        claim = np.asarray(claim, np.float64)
+        self.fail(ints, ~np.isfinite(lam).all(1) | (lam < 0).any(1) | ~(lam != 0).any(1)
+                  | ((width >= rows[:, None]) & (lam != 0)).any(1),
+                  "lambda must be finite, >= 0, not all 0, over the polytope's rows")  # fmt: skip
+        self.fail(
+            ints,
+            (boxes[0] < lower).any(1) | (boxes[1] > upper).any(1),
+            "its box is not the tree's (a split moved or flipped)",
+        )
+        self.slopes(ints, alphas)
+        self.fail(ints, ~(claim > 0), "the claimed bound is not > 0")
+        got = self.derive(ints, lam, boxes, dict(zip(self.relus, alphas)))
+        bad = ~(claim <= got)
+        if bad.any():
+            k = int(np.argmax(bad))
+            self.fail(ints, bad, f"claimed bound {claim[k]} exceeds the re-derived bound {got[k]}")
+        self.closed.update(map(tuple, ints.tolist()))
 
-    def derive(self, region: int, node: int, poly: int, lam: np.ndarray,
-               slopes: dict[int, np.ndarray]) -> float:  # fmt: skip
-        """A sound lower bound of `lam^T (C y - b)` on the node's box (C2): the better of
-        CROWN's backward pass at `slopes` and the rows' intervals from the output's interval
-        (`lam >= 0`)."""
-        a = np.asarray(self.regions[region].unsafe[poly].A, np.float64)
-        b = np.asarray(self.regions[region].unsafe[poly].b, np.float64)
-        layers, box = [*self.layers, (a, -b, False)], self.trees[region].boxes[node]
-        bounds = self.bounds_of(region, node)
-        crown = backward(layers, bounds, box, lam[None], len(layers), slopes)[0]
-        row_lower, _ = affine_interval(a, -b, *bounds[-1])
-        return float(max(crown, matmul_lo(lam, row_lower)))
+    def boxes_of(self, ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tree's boxes `[L, n_in]` of the leaves' nodes; Invalid for an unknown node, a
+        node that was split, or an unknown polytope."""
+        lows, highs = [], []
+        for region, node, poly in ints.tolist():
+            name = f"leaf (region {region}, node {node}, polytope {poly})"
+            if not 0 <= region < len(self.trees) or node not in self.trees[region].boxes:
+                raise CertificateInvalidError(f"{name}: no such node")
+            if node in self.trees[region].split:
+                raise CertificateInvalidError(f"{name}: the node was split, it is no leaf")
+            if not 0 <= poly < len(self.regions[region].unsafe):
+                raise CertificateInvalidError(f"{name}: no such polytope")
+            low, high = self.trees[region].boxes[node]
+            lows.append(low)
+            highs.append(high)
+        return np.stack(lows), np.stack(highs)
 
-    def slopes(self, name: str, alphas: list[np.ndarray]) -> dict[int, np.ndarray]:
+    @staticmethod
+    def fail(ints: np.ndarray, bad: np.ndarray, reason: str) -> None:
+        """Invalid naming the first leaf where `bad [L]` holds, if any."""
+        if bad.any():
+            region, node, poly = ints[int(np.argmax(bad))].tolist()
+            name = f"leaf (region {region}, node {node}, polytope {poly})"
+            raise CertificateInvalidError(f"{name}: {reason}")
+
+    def slopes(self, ints: np.ndarray, alphas: list[np.ndarray]) -> None:
+        """Invalid for slopes of the wrong count or shape, or outside [0, 1]."""
         if len(alphas) != len(self.relus):
-            raise CertificateInvalidError(
-                f"{name}: {len(alphas)} slope layers for {len(self.relus)} ReLUs"
-            )
-        out = {}
+            self.fail(ints, np.ones(len(ints), bool),
+                      f"{len(alphas)} slope layers for {len(self.relus)} ReLUs")  # fmt: skip
         for k, alpha in zip(self.relus, alphas):
-            if alpha.shape != (self.layers[k - 1][0].shape[0],):
-                raise CertificateInvalidError(
-                    f"{name}: slopes of ReLU layer {k} have shape {alpha.shape}"
-                )
-            if not ((alpha >= 0) & (alpha <= 1)).all():
-                raise CertificateInvalidError(
-                    f"{name}: a slope alpha of ReLU layer {k} is outside [0, 1]"
-                )
-            out[k] = alpha
-        return out
+            if alpha.shape != (len(ints), self.layers[k - 1][0].shape[0]):
+                self.fail(ints, np.ones(len(ints), bool),
+                          f"slopes of ReLU layer {k} have shape {alpha.shape[1:]}")  # fmt: skip
+            self.fail(ints, ~((alpha >= 0) & (alpha <= 1)).all(1),
+                      f"a slope alpha of ReLU layer {k} is outside [0, 1]")  # fmt: skip
+
+    def derive(self, ints: np.ndarray, lam: np.ndarray, boxes: tuple[np.ndarray, np.ndarray],
+               slopes: dict[int, np.ndarray]) -> np.ndarray:  # fmt: skip
+        """Sound lower bounds `[L]` of `lam^T (C y - b)` on the leaves' boxes (C2): the better
+        of CROWN's backward pass at `slopes` and the rows' intervals from the output's interval
+        (`lam >= 0`); the intervals once per distinct node."""
+        _, first, back = np.unique(ints[:, :2], axis=0, return_index=True, return_inverse=True)
+        back = back.reshape(-1)
+        node_bounds = intervals(self.layers, (boxes[0][first], boxes[1][first]))
+        bounds = [(lo[back], hi[back]) for lo, hi in node_bounds]
+        a, b = self.polytopes(ints, lam.shape[1])
+        layers = [*self.layers, (a, -b, False)]
+        crown = backward(layers, bounds, boxes, lam[:, None, :], len(layers), slopes)[:, 0]
+        row_lower, _ = affine_interval(a, -b, *bounds[-1])
+        return np.maximum(crown, mv_lo(lam[:, None, :], row_lower)[:, 0])
+
+    def polytopes(self, ints: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The leaves' polytopes `(A [L, width, n_out], b [L, width])`, padded with 0 rows."""
+        n_out = self.layers[-1][0].shape[0]
+        a, b = np.zeros((len(ints), width, n_out)), np.zeros((len(ints), width))
+        for i, (region, _, poly) in enumerate(ints.tolist()):
+            p = self.regions[region].unsafe[poly]
+            a[i, : len(p.b)], b[i, : len(p.b)] = p.A, p.b
+        return a, b
 
     def coverage(self) -> None:
         """(C3): every leaf node of every region excludes each of its region's polytopes."""
@@ -182,17 +209,6 @@ class Checker:
         raise CertificateInvalidError(
             "counterexample: its output is not provably in an unsafe polytope"
         )
-
-
-def _batch_leaves(checker: Checker, batch: dict[str, np.ndarray]) -> None:
-    if "leaf_ints" not in batch:
-        return
-    relus = sorted(k for k in batch if k.startswith("leaf_alpha"))
-    relus.sort(key=lambda k: int(k[len("leaf_alpha") :]))
-    for i, ints in enumerate(batch["leaf_ints"]):
-        box = (batch["leaf_lower"][i], batch["leaf_upper"][i])
-        checker.leaf(ints, batch["leaf_lambda"][i], batch["leaf_claim"][i], box,
-                     [batch[k][i] for k in relus])  # fmt: skip
 
 
 def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
@@ -229,7 +245,8 @@ def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
         if "split_ints" in batch:
             checker.splits(batch["split_ints"], batch["split_point"])
     for batch in read_batches(cert_path, batches):
-        _batch_leaves(checker, batch)
+        if "leaf_ints" in batch:
+            checker.leaves(batch)
     checker.coverage()
 
 
