@@ -91,28 +91,37 @@ def test_valid_with_relu_splits(solved):
     result = check_certificate(onnx_path, spec_path, cert)
     assert result.valid, result
     members = _members(cert)
-    splits = np.concatenate([a for n, a in members.items() if n.endswith("relu_split_ints")])
+    splits = _relu_splits(members)
     assert len(splits) >= 2 and splits.shape[1] == 7
     betas = [a for n, a in members.items() if "leaf_beta" in n]
     assert any((b > 0).any() for b in betas)  # the split multipliers are used
     assert not any(n.endswith("leaf_lower") for n in members)
 
 
+def _relu_splits(members: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([a for n, a in members.items() if n.endswith("relu_split_ints")])
+
+
 def _split_neuron(members: dict[str, np.ndarray]) -> tuple[int, int]:
     """A (relu layer, neuron) never split: beta there is not allowed."""
-    splits = np.concatenate([a for n, a in members.items() if n.endswith("relu_split_ints")])
+    splits = _relu_splits(members)
     used = {(int(j), int(i)) for j, i in splits[:, 3:5]}
     return next((0, i) for i in range(16) if (0, i) not in used)
 
 
 MUTATIONS = {
-    "remove a leaf": ("leaf_ints", lambda a, m: np.concatenate([a[:-1], [[0, 99999, 0]]]),
-                      "no such node"),
-    "flip a split": ("relu_split_ints", lambda a, m: a[:, [0, 1, 2, 3, 4, 6, 5]],
-                     "exceeds the re-derived"),
+    "remove a leaf": (
+        "leaf_ints",
+        lambda a, m: np.concatenate([a[:-1], [[0, 99999, 0]]]),
+        "no such node",
+    ),
+    "flip a split": (
+        "relu_split_ints",
+        lambda a, m: a[:, [0, 1, 2, 3, 4, 6, 5]],
+        "exceeds the re-derived",
+    ),
     "negative beta": ("leaf_beta", lambda a, m: -a - (a == 0), "beta"),
-    "beta off the splits": ("leaf_beta0", lambda a, m: _set(a, _split_neuron(m)[1]),
-                            "not split"),
+    "beta off the splits": ("leaf_beta0", lambda a, m: _set(a, _split_neuron(m)[1]), "not split"),
     "slope outside": ("leaf_alpha0", lambda a, m: a + 2.0, "outside [0, 1]"),
     "claim up": ("leaf_claim", lambda a, m: a * 1e3 + 1.0, "exceeds the re-derived"),
     "lambda up": ("leaf_lambda", lambda a, m: -a, "lambda"),
@@ -176,12 +185,13 @@ def test_unsound_bounder_rejected(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not MNIST.exists(), reason="VNN-COMP 2022 mnist_fc data absent")
-@pytest.mark.parametrize("prop", ["prop_0_0.03", "prop_2_0.03"])
+@pytest.mark.parametrize("prop", ["prop_8_0.03", "prop_9_0.05"])
 def test_mnist_fc_relu_certificates(tmp_path, prop):
     """mnist_fc 256x2 (784 inputs: ReLU splitting), unsat beyond the root: valid."""
     onnx_path = MNIST / "onnx" / "mnist-net_256x2.onnx.gz"
     spec_path = MNIST / "vnnlib" / f"{prop}.vnnlib.gz"
     cert = tmp_path / "mnist.cert"
     assert verify.verify(onnx_path, spec_path, timeout=60, certificate=cert).status == "unsat"
+    assert len(_relu_splits(_members(cert))) > 0  # beyond the root
     result = check_certificate(onnx_path, spec_path, cert)
     assert result.valid, result

@@ -36,8 +36,7 @@ class ReluTree:
     def add_split(self, parent: int, layer: int, neuron: int, children: tuple[int, int],
                   sizes: list[int]) -> None:  # fmt: skip
         """Split `parent` on (layer, neuron) into `children` (inactive, active); Invalid for an
-        unknown or split parent, a neuron that is not one or already split on the path, or
-        children that exist already."""
+        unknown or split parent, a neuron that is none or split on the path, old child ids."""
         where = f"split of node {parent}"
         if parent not in self.nodes or parent in self.split:
             raise CertificateInvalidError(f"{where}: the node is unknown or already split")
@@ -55,9 +54,7 @@ class ReluTree:
         """The node's splits `{(layer, neuron): sign}`."""
         out = {}
         while node != 0:
-            parent, layer, neuron, sign = self.nodes[node]
-            out[(layer, neuron)] = sign
-            node = parent
+            node, layer, neuron, out[(layer, neuron)] = self.nodes[node]
         return out
 
 
@@ -75,23 +72,33 @@ class ReluChecker(Checker):
 
     def read_splits(self, batch: dict[str, np.ndarray]) -> None:
         """The batch's ReLU splits (R1)."""
-        for region, poly, parent, layer, neuron, inactive, active in batch.get(
-            "relu_split_ints", np.zeros((0, 7), np.int64)
-        ).tolist():
+        ints = batch.get("relu_split_ints", np.zeros((0, 7), np.int64))
+        for region, poly, parent, *split in ints.tolist():
             if (region, poly) not in self.forest:
                 raise CertificateInvalidError(f"split of ({region}, {poly}): no such tree")
-            tree = self.forest[(region, poly)]
-            tree.add_split(parent, layer, neuron, (inactive, active), self.sizes)
+            layer, neuron, inactive, active = (int(v) for v in split)
+            self.forest[(region, poly)].add_split(int(parent), layer, neuron,
+                                                  (inactive, active), self.sizes)  # fmt: skip
 
     def leaves(self, batch: dict[str, np.ndarray]) -> None:
-        """The leaves of one batch: each checked (C2 with R2, R3), in chunks."""
-        alphas = [batch[f"leaf_alpha{j}"] for j in range(len(self.relus))]
-        betas = [batch[f"leaf_beta{j}"] for j in range(len(self.relus))]
+        """The leaves of one batch, in chunks; Invalid naming the first that fails."""
         for start in range(0, len(batch["leaf_ints"]), self.chunk):
             part = slice(start, start + self.chunk)
-            self.relu_chunk(batch["leaf_ints"][part], batch["leaf_lambda"][part],
-                            np.asarray(batch["leaf_claim"][part], np.float64),
-                            [a[part] for a in alphas], [b[part] for b in betas])  # fmt: skip
+            ints, lam = batch["leaf_ints"][part], batch["leaf_lambda"][part]
+            claim = np.asarray(batch["leaf_claim"][part], np.float64)
+            alphas = [batch[f"leaf_alpha{j}"][part] for j in range(len(self.relus))]
+            signs = self.signs_of(ints)
+            rows = np.array([len(self.regions[r].unsafe[p].b) for r, _, p in ints.tolist()])
+            self.check_lambda(ints, lam, rows)
+            self.slopes(ints, alphas)
+            g = {k: self.split_term(ints, k, j, signs, batch[f"leaf_beta{j}"][part])
+                 for j, k in enumerate(self.relus)}  # fmt: skip
+            self.fail(ints, ~(claim > 0), "the claimed bound is not > 0")
+            got = self.relu_derive(ints, lam, signs, dict(zip(self.relus, alphas)), g)
+            bad = ~(claim <= got)
+            k = int(np.argmax(bad))
+            self.fail(ints, bad, f"claimed bound {claim[k]} exceeds the re-derived bound {got[k]}")
+            self.closed.update(map(tuple, ints.tolist()))
 
     def signs_of(self, ints: np.ndarray) -> np.ndarray:
         """`[L, total]` the leaves' split signs; Invalid for an unknown or split node."""
@@ -99,57 +106,45 @@ class ReluChecker(Checker):
         for k, (region, node, poly) in enumerate(ints.tolist()):
             tree = self.forest.get((region, poly))
             name = f"leaf (region {region}, node {node}, polytope {poly})"
-            if tree is None or node not in tree.nodes:
-                raise CertificateInvalidError(f"{name}: no such node")
-            if node in tree.split:
-                raise CertificateInvalidError(f"{name}: the node was split, it is no leaf")
+            if tree is None or node not in tree.nodes or node in tree.split:
+                raise CertificateInvalidError(f"{name}: no such node, or one that was split")
             for (layer, neuron), sign in tree.path(node).items():
                 out[k, self.offsets[layer] + neuron] = sign
         return out
 
-    def relu_chunk(self, ints: np.ndarray, lam: np.ndarray, claim: np.ndarray,
-                   alphas: list[np.ndarray], betas: list[np.ndarray]) -> None:  # fmt: skip
-        """Leaves `(region, node, polytope)` `ints [L, 3]`; Invalid naming the first that fails."""
-        signs = self.signs_of(ints)
-        rows = np.array([len(self.regions[r].unsafe[p].b) for r, _, p in ints.tolist()])
-        self.check_lambda(ints, lam, rows)
-        self.slopes(ints, alphas)
-        g = {}
-        for j, (k, beta) in enumerate(zip(self.relus, betas)):
-            beta = np.asarray(beta, np.float64)
-            s = signs[:, self.offsets[j] : self.offsets[j + 1]]
-            if beta.shape != s.shape:
-                self.fail(ints, np.ones(len(ints), bool), f"betas of ReLU layer {k}: bad shape")
-            self.fail(ints, ~np.isfinite(beta).all(1) | (beta < 0).any(1),
-                      f"a multiplier beta of ReLU layer {k} is negative (or not finite)")
-            self.fail(ints, ((beta != 0) & (s == 0)).any(1),
-                      f"a multiplier beta of ReLU layer {k} is at a neuron not split")
-            g[k] = -beta * s
-        self.fail(ints, ~(claim > 0), "the claimed bound is not > 0")
-        got = self.relu_derive(ints, lam, signs, dict(zip(self.relus, alphas)), g)
-        bad = ~(claim <= got)
-        if bad.any():
-            k = int(np.argmax(bad))
-            self.fail(ints, bad, f"claimed bound {claim[k]} exceeds the re-derived bound {got[k]}")
-        self.closed.update(map(tuple, ints.tolist()))
+    def split_term(self, ints: np.ndarray, k: int, j: int, signs: np.ndarray,
+                   beta: np.ndarray) -> np.ndarray:  # fmt: skip
+        """`g = -beta s` of ReLU layer k (the j-th) (R3); Invalid unless beta `[L, n_k]` is
+        finite, >= 0, and 0 where the node has no split."""
+        s, beta = signs[:, self.offsets[j] : self.offsets[j + 1]], np.asarray(beta, np.float64)
+        if beta.shape != s.shape:
+            self.fail(ints, np.ones(len(ints), bool), f"betas of ReLU layer {k}: wrong shape")
+        bad = ~np.isfinite(beta).all(1) | (beta < 0).any(1)
+        self.fail(ints, bad, f"a multiplier beta of ReLU layer {k} is negative (or not finite)")
+        self.fail(ints, ((beta != 0) & (s == 0)).any(1),
+                  f"a multiplier beta of ReLU layer {k} is at a neuron not split")  # fmt: skip
+        return -beta * s
 
     def relu_derive(self, ints: np.ndarray, lam: np.ndarray, signs: np.ndarray,
                     slopes: dict[int, np.ndarray], g: dict[int, np.ndarray]) -> np.ndarray:  # fmt: skip
         """Sound lower bounds `[L]` of `lam^T (C y - b)` on the leaves' nodes (R2, R3; +inf on
         an empty node): the better of the backward pass and the rows' intervals."""
-        regions = ints[:, 0]
+        regions = ints[:, 0].tolist()
+        for r in set(regions) - set(self.roots):
+            box = (self.regions[r].lower[None], self.regions[r].upper[None])
+            self.roots[r] = intervals(self.layers, box)
         bounds, empty = [], np.zeros(len(ints), bool)
-        for k, layer_bounds in enumerate(zip(*(self.root(r) for r in regions.tolist())), 1):
-            lower, upper = (np.concatenate(x) for x in zip(*layer_bounds))
+        for k in range(1, len(self.layers) + 1):
+            lower, upper = (np.concatenate([self.roots[r][k - 1][i] for r in regions]) for i in (0, 1))  # fmt: skip
             if k in self.relus:
                 j = self.relus.index(k)
                 s = signs[:, self.offsets[j] : self.offsets[j + 1]]
-                lower, upper = np.where(s > 0, np.maximum(lower, 0), lower), np.where(
-                    s < 0, np.minimum(upper, 0), upper)  # fmt: skip
+                lower = np.where(s > 0, np.maximum(lower, 0), lower)
+                upper = np.where(s < 0, np.minimum(upper, 0), upper)
             empty |= (lower > upper).any(1)
             bounds.append((lower, upper))
-        box = tuple(np.stack([getattr(self.regions[r], side) for r in regions.tolist()])
-                    for side in ("lower", "upper"))  # fmt: skip
+        box = (np.stack([self.regions[r].lower for r in regions]),
+               np.stack([self.regions[r].upper for r in regions]))  # fmt: skip
         a, b = self.polytopes(ints, lam.shape[1])
         layers = [*self.layers, (a, -b, False)]
         with np.errstate(invalid="ignore", over="ignore"):
@@ -158,18 +153,11 @@ class ReluChecker(Checker):
             got = np.maximum(crown, mv_lo(lam[:, None, :], row_lower)[:, 0])
         return np.where(empty, np.inf, np.where(np.isnan(got), -np.inf, got))
 
-    def root(self, region: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The region's intervals of every layer `[1, n_j]` (R2), computed once."""
-        if region not in self.roots:
-            r = self.regions[region]
-            self.roots[region] = intervals(self.layers, (r.lower[None], r.upper[None]))
-        return self.roots[region]
-
     def coverage(self) -> None:
         """(C3) with (R1): every leaf node of every tree has its leaf."""
         for (region, poly), tree in self.forest.items():
-            for node in tree.nodes:
-                if node not in tree.split and (region, node, poly) not in self.closed:
+            for node in tree.nodes.keys() - tree.split:
+                if (region, node, poly) not in self.closed:
                     where = f"region {region}, polytope {poly}, node {node}"
                     raise CertificateInvalidError(f"coverage: {where} has no leaf excluding it")
 

@@ -93,7 +93,10 @@ class ReluRecorder:
         self.polys = [(np.asarray(p.A, np.float64), np.asarray(p.b, np.float64))
                       for p in region.unsafe]  # fmt: skip
         self.width = max((len(b) for _, b in self.polys), default=0)
-        box = (np.asarray(region.lower, np.float64)[None], np.asarray(region.upper, np.float64)[None])
+        box = (
+            np.asarray(region.lower, np.float64)[None],
+            np.asarray(region.upper, np.float64)[None],
+        )
         self.box, self.bounds = box, intervals(layers, box)
         self.relus = [k for k, (_, _, relu) in enumerate(layers, start=1) if relu]
         self.sizes = [layers[k - 1][0].shape[0] for k in self.relus]
@@ -226,7 +229,10 @@ class ReluRecorder:
             members |= {"leaf_ints": np.array([x[:3] for x in self.leaves], np.int64),
                         "leaf_lambda": np.stack([x[3] for x in self.leaves]),
                         "leaf_claim": np.array([x[4] for x in self.leaves])}  # fmt: skip
-            alpha, beta = np.stack([x[5] for x in self.leaves]), np.stack([x[6] for x in self.leaves])
+            alpha, beta = (
+                np.stack([x[5] for x in self.leaves]),
+                np.stack([x[6] for x in self.leaves]),
+            )
             for j, (o, n) in enumerate(zip(self.offsets, self.sizes)):
                 members[f"leaf_alpha{j}"] = alpha[:, o : o + n]
                 members[f"leaf_beta{j}"] = beta[:, o : o + n]
@@ -284,4 +290,3 @@ class CertifyingReluBab(ReluBab):
         outcome = super().run(deadline)
         self.recorder.flush()
         return outcome
-
