@@ -181,11 +181,16 @@ class Checker:
         back = back.reshape(-1)
         node_bounds = intervals(self.layers, (boxes[0][first], boxes[1][first]))
         bounds = [(lo[back], hi[back]) for lo, hi in node_bounds]
+        return self.bound(ints, lam, bounds, boxes, slopes)
+
+    def bound(self, ints: np.ndarray, lam: np.ndarray, bounds: list, boxes: tuple,
+              slopes: dict[int, np.ndarray], betas: dict | None = None) -> np.ndarray:  # fmt: skip
+        """`derive` on the intervals `bounds` (`betas`: `crown64.backward`'s)."""
         a, b = self.polytopes(ints, lam.shape[1])
         layers = [*self.layers, (a, -b, False)]
-        crown = backward(layers, bounds, boxes, lam[:, None, :], len(layers), slopes)[:, 0]
+        crown = backward(layers, bounds, boxes, lam[:, None, :], len(layers), slopes, betas)
         row_lower, _ = affine_interval(a, -b, *bounds[-1])
-        return np.maximum(crown, mv_lo(lam[:, None, :], row_lower)[:, 0])
+        return np.maximum(crown[:, 0], mv_lo(lam[:, None, :], row_lower)[:, 0])
 
     def polytopes(self, ints: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
         """The leaves' polytopes `(A [L, width, n_out], b [L, width])`, padded with 0 rows."""

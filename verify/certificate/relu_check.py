@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from verify.certificate.arith import affine_interval, mv_lo
 from verify.certificate.check import SPLITTINGS, CertificateInvalidError, Checker
-from verify.certificate.crown64 import Layer, backward, intervals
+from verify.certificate.crown64 import Layer, intervals
 from verify.certificate.vnnlib_plain import Region
 
 
@@ -37,14 +36,13 @@ class ReluTree:
                   sizes: list[int]) -> None:  # fmt: skip
         """Split `parent` on (layer, neuron) into `children` (inactive, active); Invalid for an
         unknown or split parent, a neuron that is none or split on the path, old child ids."""
-        where = f"split of node {parent}"
+        where, known = f"split of node {parent}", any(c in self.nodes for c in children)
         if parent not in self.nodes or parent in self.split:
             raise CertificateInvalidError(f"{where}: the node is unknown or already split")
-        if not (0 <= layer < len(sizes) and 0 <= neuron < sizes[layer]):
-            raise CertificateInvalidError(f"{where}: no ReLU neuron ({layer}, {neuron})")
-        if (layer, neuron) in self.path(parent):
-            raise CertificateInvalidError(f"{where}: neuron ({layer}, {neuron}) split already")
-        if children[0] == children[1] or any(c in self.nodes for c in children):
+        neuron_ok = 0 <= layer < len(sizes) and 0 <= neuron < sizes[layer]
+        if not neuron_ok or (layer, neuron) in self.path(parent):
+            raise CertificateInvalidError(f"{where}: ({layer}, {neuron}) is no neuron, or split")
+        if children[0] == children[1] or known:
             raise CertificateInvalidError(f"{where}: child ids {children} are not new")
         for child, sign in zip(children, (-1, 1)):
             self.nodes[child] = (parent, layer, neuron, sign)
@@ -128,7 +126,7 @@ class ReluChecker(Checker):
     def relu_derive(self, ints: np.ndarray, lam: np.ndarray, signs: np.ndarray,
                     slopes: dict[int, np.ndarray], g: dict[int, np.ndarray]) -> np.ndarray:  # fmt: skip
         """Sound lower bounds `[L]` of `lam^T (C y - b)` on the leaves' nodes (R2, R3; +inf on
-        an empty node): the better of the backward pass and the rows' intervals."""
+        an empty node), as `Checker.derive` on the region's intervals clamped by the splits."""
         regions = ints[:, 0].tolist()
         for r in set(regions) - set(self.roots):
             box = (self.regions[r].lower[None], self.regions[r].upper[None])
@@ -137,20 +135,14 @@ class ReluChecker(Checker):
         for k in range(1, len(self.layers) + 1):
             lower, upper = (np.concatenate([self.roots[r][k - 1][i] for r in regions]) for i in (0, 1))  # fmt: skip
             if k in self.relus:
-                j = self.relus.index(k)
-                s = signs[:, self.offsets[j] : self.offsets[j + 1]]
+                s = signs[:, self.offsets[self.relus.index(k)] :][:, : len(lower[0])]
                 lower = np.where(s > 0, np.maximum(lower, 0), lower)
                 upper = np.where(s < 0, np.minimum(upper, 0), upper)
             empty |= (lower > upper).any(1)
             bounds.append((lower, upper))
-        box = (np.stack([self.regions[r].lower for r in regions]),
-               np.stack([self.regions[r].upper for r in regions]))  # fmt: skip
-        a, b = self.polytopes(ints, lam.shape[1])
-        layers = [*self.layers, (a, -b, False)]
+        box = tuple(np.stack([getattr(self.regions[r], e) for r in regions]) for e in ("lower", "upper"))  # fmt: skip
         with np.errstate(invalid="ignore", over="ignore"):
-            crown = backward(layers, bounds, box, lam[:, None, :], len(layers), slopes, g)[:, 0]
-            row_lower, _ = affine_interval(a, -b, *bounds[-1])
-            got = np.maximum(crown, mv_lo(lam[:, None, :], row_lower)[:, 0])
+            got = self.bound(ints, lam, bounds, box, slopes, g)
         return np.where(empty, np.inf, np.where(np.isnan(got), -np.inf, got))
 
     def coverage(self) -> None:
