@@ -205,8 +205,8 @@ class ReluRecorder:
         polytopes, splits, slopes and multipliers as numpy."""
         poly = d.poly[closed].cpu().numpy()
         splits = d.splits[closed].cpu().numpy()
-        alphas = alpha[closed].detach().cpu().numpy()
-        betas = beta[closed].detach().cpu().numpy()
+        alphas = alpha[closed].detach().clamp(0, 1).cpu().numpy()  # as the checker requires
+        betas = beta[closed].detach().clamp(min=0).cpu().numpy()
         tol = t.check.tol[t.rows_of[d.poly[closed]]].cpu().numpy()
         out = np.full(alphas.shape[:2], -np.inf)
         for p in np.unique(poly):
