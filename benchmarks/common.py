@@ -33,6 +33,15 @@ def vnncomp_instances(benchmark: str) -> list[tuple[Path, Path]]:
         return [(resolve(folder, r[0]), resolve(folder, r[1])) for r in csv.reader(f) if r]
 
 
+def vnncomp_timed_instances(benchmark: str) -> list[tuple[Path, Path, float]]:
+    """(network, property, timeout seconds) of `instances.csv` of a shared VNN-COMP 2022
+    benchmark, in the file's order."""
+    folder = DATA / "vnncomp2022" / benchmark
+    with open(folder / "instances.csv", newline="") as f:
+        return [(resolve(folder, r[0]), resolve(folder, r[1]), float(r[2]))
+                for r in csv.reader(f) if r]  # fmt: skip
+
+
 def vnnlib_problems(net, prop_path: Path):
     """Per region: (lower, upper, C, b, owner, n_polytopes)."""
     problems = []

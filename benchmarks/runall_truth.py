@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import score
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "vnncomp2023"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -58,7 +60,8 @@ def run_benchmark(name: str, scale: float) -> tuple[Path, float]:
 
 
 def grade(name: str, ours_csv: Path) -> dict:
-    """Counts of correct, wrong, unanswered and extra answers (see the module docstring)."""
+    """Counts of correct, wrong, unanswered and extra answers (see the module docstring), and
+    the competition's score of ours and of the winner (`benchmarks.score`)."""
     winner = truth(name)
     with open(DATA / name / "instances.csv", newline="") as f:
         listed = [_key(r[0], r[1]) for r in csv.reader(f) if len(r) >= 3]
@@ -82,22 +85,27 @@ def grade(name: str, ours_csv: Path) -> dict:
                 counts["unanswered"] += 1
         elif mine in ANSWERS:
             counts["extra"] += 1
+    points = score.score(ours, {k: winner.get(k, "missing") for k in listed})
+    counts["score"], counts["winner_score"] = points["score"], points["winner_score"]
     return counts
 
 
 def table(rows: list[dict], scale: float) -> str:
     lines = ["| benchmark | instances | winner answered | correct | wrong | unanswered | extra "
-             "| target (>= half) | wall s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| score (winner) | target (>= half) | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         met = "met" if 2 * r["correct"] >= r["winner_answered"] and not r["wrong"] else "not met"
         lines.append(f"| {r['benchmark']} | {r['instances']} | {r['winner_answered']} | "
-                     f"{r['correct']} | {r['wrong']} | {r['unanswered']} | {r['extra']} | {met} "
-                     f"| {r['seconds']:.0f} |")  # fmt: skip
+                     f"{r['correct']} | {r['wrong']} | {r['unanswered']} | {r['extra']} | "
+                     f"{r['score']} ({r['winner_score']}) | {met} | {r['seconds']:.0f} |")  # fmt: skip
     total = {k: sum(r[k] for r in rows) for k in ("instances", "winner_answered", "correct",
-                                                   "wrong", "unanswered", "extra", "seconds")}  # fmt: skip
+                                                   "wrong", "unanswered", "extra", "seconds",
+                                                   "score", "winner_score")}  # fmt: skip
     lines.append(f"| **all** | {total['instances']} | {total['winner_answered']} | "
                  f"{total['correct']} | {total['wrong']} | {total['unanswered']} | "
-                 f"{total['extra']} | | {total['seconds']:.0f} |")  # fmt: skip
+                 f"{total['extra']} | {total['score']} ({total['winner_score']}) | | "
+                 f"{total['seconds']:.0f} |")  # fmt: skip
     return f"`verify run-all` at {scale:g} of the timeouts against the 2023 winner\n\n" + "\n".join(
         lines
     )

@@ -16,7 +16,17 @@ import torch
 from torch import nn
 
 import verify
-from verify.bab.input.certify import RecordingBounder
+from benchmarks import certificates
+from bounds.graph.graph import build_graph
+from bounds.methods.crown import crown_intervals
+from bounds.types import Interval
+from verify.bab.input import certify
+from verify.bab.input.certify import (
+    Recorder,
+    RecordingBounder,
+    certificate_config,
+    certified_bounds,
+)
 from verify.certificate import check_certificate
 from verify.certificate.arith import affine_interval, mv_lo
 from verify.certificate.crown64 import point_interval
@@ -24,6 +34,7 @@ from verify.certificate.onnx_plain import read_network
 from verify.certificate.vnnlib_plain import read_property
 from verify.cli.main import main
 from verify.errors import CertificateUnsupportedError
+from verify.property import Polytope, Region
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -158,16 +169,14 @@ def test_unsound_bounder_rejected(tmp_path, monkeypatch):
     def unsound_search(self, *args, **kwargs):  # every bound of the search, 1.0 too high
         return search(self, *args, **kwargs) + 1.0
 
-    def unsound_certify(self, *args, **kwargs):  # and the bounds of its leaves
-        rows, alphas = certify(self, *args, **kwargs)
-        return rows + 1.0, alphas
+    def unsound_certify(self, *args, **kwargs):  # and its float64 recheck, the leaves' bounds
+        rows, best, alphas = certify(self, *args, **kwargs)
+        return rows + 1.0, best, alphas
 
     monkeypatch.setattr(RecordingBounder, "_call_bounds", unsound_search)
     monkeypatch.setattr(RecordingBounder, "certify_rows", unsound_certify)
-    config = verify.BabConfig(float64_recheck=False)
     cert = tmp_path / "bad.cert"
-    answer = verify.verify(str(onnx_path), str(spec_path), timeout=30, certificate=cert,
-                           config=config)  # fmt: skip
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=30, certificate=cert)
     assert answer.status == "unsat"  # the planted bounder closes the root at once
     result = check_certificate(onnx_path, spec_path, cert)
     assert not result.valid and "exceeds the re-derived" in result.reason, result
@@ -284,6 +293,115 @@ def test_mnist_fc_certificates(tmp_path, prop, answer):
     assert result.valid, result
 
 
+def _alpha_instance(tmp_path):
+    """The tiny instance certified with alpha-CROWN for every domain (strong_depth 0)."""
+    net = _net()
+    onnx_path, spec_path = tmp_path / "net.onnx", tmp_path / "prop.vnnlib"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    _write_spec(spec_path, _threshold(net))
+    cert = tmp_path / "alpha.cert"
+    config = verify.BabConfig(strong_depth=0)
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert,
+                           config=config)  # fmt: skip
+    assert answer.status == "unsat" and answer.stats["regions"][0]["strong_domains"] > 0
+    return onnx_path, spec_path, cert
+
+
+def _fractional(cert) -> list[tuple[str, int, int]]:
+    """(member, leaf, neuron) of every slope strictly inside (0, 1)."""
+    with np.load(cert) as npz:
+        return [(n, int(i), int(j)) for n in npz.files if "leaf_alpha" in n
+                for i, j in zip(*np.nonzero((npz[n] > 0) & (npz[n] < 1)))]  # fmt: skip
+
+
+def test_alpha_crown_leaves_valid(tmp_path):
+    """alpha-CROWN's optimised slopes (not only CROWN's 0/1) are the leaves' and check valid."""
+    onnx_path, spec_path, cert = _alpha_instance(tmp_path)
+    assert _fractional(cert), "no leaf carries an optimised slope"
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result
+
+
+def test_alpha_crown_leaf_slope_outside_rejected(tmp_path):
+    onnx_path, spec_path, cert = _alpha_instance(tmp_path)
+    member, leaf, neuron = _fractional(cert)[0]
+
+    def edit(name, a):
+        if name != member + ".npy":
+            return None
+        a[leaf, neuron] = 1.5
+        return a
+
+    _rewrite(cert, edit)
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert not result.valid and "outside [0, 1]" in result.reason, result.reason
+
+
+def test_certificate_config():
+    """The default configuration is certified as it is (alpha-CROWN from strong_depth on);
+    alpha-CROWN optimising intermediate slopes, or another method, is refused."""
+    config = certificate_config(verify.BabConfig())
+    assert (config.strong_method, config.strong_depth) == ("alpha-crown", 30)
+    assert config.float64_recheck and config.splitting == "input"
+    assert certificate_config(verify.BabConfig(float64_recheck=False)).float64_recheck
+    for bad in ({"strong_options": {"optimize_intermediate": True}}, {"strong_method": "ibp"},
+                {"method": "alpha-crown"}, {"splitting": "relu"}):  # fmt: skip
+        with pytest.raises(CertificateUnsupportedError):
+            certificate_config(verify.BabConfig(**bad))
+
+
+def _recorder(rows: int) -> Recorder:
+    poly = Polytope(np.eye(rows, 2), np.zeros(rows))
+    region = Region(np.zeros(2), np.ones(2), (poly,))
+    return Recorder(None, 0, region, combine=True)
+
+
+def test_rows_checked_caps_combination_rows_at_the_checkers_interval_bound():
+    """A combination row whose bound came from the output's interval is claimed at most the
+    mean of its single rows' interval bounds (the checker's); a backward-pass row as it is."""
+    recorder = _recorder(2)  # rows 0, 1 and their midpoint, row 2
+    intervals = torch.tensor([[1.0, -3.0, 0.5]], dtype=torch.float64)
+    from_interval = torch.tensor([[1.0, -3.0, 0.5]], dtype=torch.float64)
+    assert recorder.rows_checked(from_interval, intervals).tolist() == [[1.0, -3.0, -1.0]]
+    backward = torch.tensor([[2.0, -1.0, 0.7]], dtype=torch.float64)
+    assert recorder.rows_checked(backward, intervals).tolist() == [[2.0, -1.0, 0.7]]
+
+
+def test_certified_bounds_slopes_of_stable_neurons_are_adaptive():
+    """At a neuron the engine finds stable the recorded slope is CROWN's adaptive one (the
+    checker's relaxation then agrees should it find the neuron barely unstable), elsewhere the
+    alpha-CROWN slope given."""
+    net = _net().double()
+    graph = build_graph(net, (2,))
+    box = Interval(torch.full((1, 2), -1.0, dtype=torch.float64), torch.ones(1, 2).double())
+    C = torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
+    slopes = {a.name: torch.full((1, 2, *a.shape), 0.5, dtype=torch.float64)
+              for a in graph.activations()}  # fmt: skip
+    _, alphas, _ = certified_bounds(graph, box, C, slopes)
+    intervals = crown_intervals(graph, box, every_neuron=True)
+    for act, alpha in zip(graph.activations(), alphas):
+        iv = intervals[act.inputs[0]]
+        stable = ((iv.lower >= 0) | (iv.upper <= 0))[0]
+        assert stable.any() and (~stable).any()
+        assert (alpha[0, 0, ~stable] == 0.5).all()
+        assert (alpha[0, 0, stable] == (iv.upper > -iv.lower)[0, stable].double()).all()
+
+
+def test_benchmark_core_on_a_tiny_instance(instance, tmp_path):
+    """`benchmarks/certificates.py`'s core: both runs, the check valid, every mutation
+    invalid, and the suite's figures from that row."""
+    onnx_path, spec_path, _ = instance
+    row = certificates.run_instance(onnx_path, spec_path, 30.0, True, tmp_path)
+    assert row["plain"]["status"] == row["certified"]["status"] == "unsat"
+    assert row["check"]["valid"] and row["leaves"] > 0 and row["size_mb"] > 0
+    assert set(row["mutations"]) == {*certificates.MUTATIONS, "property constant changed"}
+    assert not any(m["valid"] for m in row["mutations"].values()), row["mutations"]
+    s = certificates.summarize([row])
+    assert (s["solved_plain"], s["solved_certified"], s["unsat_valid"], s["unsat"]) == (1, 1, 1, 1)
+    assert s["mutations_invalid"] == s["mutations"] == 4 and s["time_ratio"] > 0
+    assert "| 1 | 1 / 1 |" in certificates.markdown({"tiny": s}, "cmd", "now")
+
+
 def _agreement(onnx_path, spec_path, k: int = 1000) -> tuple[np.ndarray, np.ndarray]:
     """The engine's float64 CROWN (every neuron) and the checker's re-derived bound of every
     row of the first polytope on `k` random sub-boxes of the first region."""
@@ -333,3 +451,45 @@ def test_checker_agrees_with_the_engine_on_acasxu():
     onnx_path = ACAS / "onnx" / "ACASXU_run2a_1_1_batch_2000.onnx.gz"
     engine, checker = _agreement(onnx_path, ACAS / "vnnlib" / "prop_3.vnnlib.gz")
     assert (np.abs(engine - checker) <= 1e-9 * (1 + np.abs(engine))).all()
+
+
+def test_bias_and_product_slack_bound_the_exact_values():
+    """`bias_lo` is below the exact `a c`; `product_slack` bounds the exact rounding error of
+    `fl(a w)` summed against `h` (rational arithmetic, huge and tiny magnitudes)."""
+    from verify.certificate.arith import bias_lo, l1_up, product_slack
+
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(2, 3, 7)) * 10.0 ** rng.integers(-8, 9, size=(2, 3, 7))
+    c = rng.normal(size=7) * 1e6
+    w = rng.normal(size=(7, 4)) * 10.0 ** rng.integers(-6, 7, size=(7, 4))
+    h = np.abs(rng.normal(size=(2, 4))) * 1e3
+    norm = l1_up(a)
+    low = bias_lo(a, norm, c)
+    value, slack = product_slack(a, w, h, norm)
+    for k in range(2):
+        for m in range(3):
+            exact = sum(Fraction(float(p)) * Fraction(float(q)) for p, q in zip(a[k, m], c))
+            assert Fraction(float(low[k, m])) <= exact
+            err = sum(
+                abs(Fraction(float(value[k, m, j]))
+                    - sum(Fraction(float(a[k, m, i])) * Fraction(float(w[i, j])) for i in range(7)))
+                * Fraction(float(h[k, j]))
+                for j in range(4)
+            )  # fmt: skip
+            assert err <= Fraction(float(slack[k, m]))
+
+
+def test_small_batches_valid(tmp_path, monkeypatch):
+    """Records appended in many small batches (splits and leaves of one node in different
+    batches) make the same valid certificate."""
+    monkeypatch.setattr(certify, "FLUSH", 5)
+    net = _net()
+    onnx_path, spec_path, cert = tmp_path / "net.onnx", tmp_path / "prop.vnnlib", tmp_path / "c"
+    torch.onnx.export(net, (torch.zeros(1, 2),), str(onnx_path), dynamo=False, opset_version=13)
+    _write_spec(spec_path, _threshold(net))
+    answer = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert)
+    assert answer.status == "unsat"
+    with zipfile.ZipFile(cert) as zf:
+        assert json.loads(zf.read("manifest.json"))["batches"] > 3
+    result = check_certificate(onnx_path, spec_path, cert)
+    assert result.valid, result

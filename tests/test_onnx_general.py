@@ -145,6 +145,11 @@ CASES = {
     "reduce_sum_opset11_attribute": ([n("ReduceSum x -> y", axes=[2], keepdims=0)], [], [1, 3, 4], 11),
     "reduce_mean_all_axes": ([n("ReduceMean x -> y", keepdims=1)], [], [1, 3, 4]),
     "reduce_mean_axis0_drop": ([n("ReduceMean x -> y", axes=[0, 2], keepdims=0)], [], [1, 3, 4], 13),
+    "reduce_max_odd_axis_input": ([n("ReduceMax x,ax -> y")], [i64("ax", 2)], [1, 3, 7], 18),
+    "reduce_min_two_axes_attribute": ([n("ReduceMin x -> y", axes=[1, -1], keepdims=0)], [], [1, 3, 4], 13),
+    "reduce_max_all_axes": ([n("ReduceMax x -> y", keepdims=1)], [], [1, 2, 3], 13),
+    "reduce_max_noop_empty_axes": ([n("ReduceMax x,ax -> y", noop_with_empty_axes=1)], [numpy_helper.from_array(np.zeros(0, np.int64), "ax")], [1, 3], 18),
+    "reduce_and_argmax_of_constants": ([n("ReduceSum c,ax -> s", keepdims=1), n("ArgMax c -> i", axis=1, keepdims=0), n("Gather x,i -> g", axis=1), n("Add g,s -> y")], [tensor("c", (2, 4)), i64("ax", 1)], [1, 4, 3], 13),
     "matmul_constant_left": ([n("MatMul W,x -> y")], [tensor("W", (5, 3))], [1, 3, 4]),
     "matmul_constant_left_contracts_axis0": ([n("MatMul W,x -> y")], [tensor("W", (2, 1))], [1, 4]),
     "matmul_vector_right": ([n("MatMul x,v -> y")], [tensor("v", (4,))], [1, 3, 4]),
@@ -224,7 +229,10 @@ def test_case_bounds_contain_samples(name: str, tmp_path: Path) -> None:
                         tol=1e-9 if float64 else 1e-5)  # fmt: skip
 
 
-AFFINE_CASES = sorted(k for k, v in CASES.items() if all(node.op_type != "Relu" for node in v[0]))
+NONLINEAR_OPS = ("Relu", "ReduceMax", "ReduceMin")
+AFFINE_CASES = sorted(
+    k for k, v in CASES.items() if all(node.op_type not in NONLINEAR_OPS for node in v[0])
+)
 
 
 @pytest.mark.parametrize("name", AFFINE_CASES)

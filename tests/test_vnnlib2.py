@@ -209,9 +209,9 @@ HEAD = V2 + _net("[1]", "[2]")  # lines 1-5; BOX lines 6-7, the next assert is l
 BLOWUP = "(assert (and " + " ".join(f"(or (<= Y[0] {i}.0) (<= Y[1] {i}.0))" for i in range(14))
 
 BAD = [
-    ("two-networks", TWO_NETS, ("not supported", "2 networks"), None),
+    ("two-networks", TWO_NETS, ("not supported", "2 networks"), 6),
     ("two-inputs", TWO_INPUTS, ("not supported", "2 inputs and 1 outputs"), None),
-    ("hidden", HIDDEN, ("not supported", "hidden"), None),
+    ("hidden", HIDDEN, ("not supported", "hidden"), 2),
     (
         "int-tensor",
         HEAD.replace("X float32", "X int8") + BOX.replace(".0", "") + "(assert (<= Y[0] 1.0))\n",
@@ -251,9 +251,9 @@ BAD = [
     ("no-output", HEAD + BOX, ("no constraint on the output Y",), 7),
     ("no-assert", HEAD, ("syntax error",), 5),
     (
-        "constant-comparison",
+        "only-a-true-constant-on-outputs",
         HEAD + BOX + "(assert (<= 1.0 2.0))\n",
-        ("comparison without variables",),
+        ("no constraint on the output Y",),
         8,
     ),
     ("dnf-too-large", HEAD + BOX + BLOWUP + "))\n", (f"more than {MAX_TERMS} terms",), 8),
@@ -324,3 +324,54 @@ def test_load_vnnlib_reads_a_20_file_through_the_20_reader(tmp_path: Path) -> No
     _assert_same(load_vnnlib(gz), parse_vnnlib(ACAS_LIKE_10, path="acas.vnnlib"))
     plain = _write(tmp_path, ACAS_LIKE_10, "v1.vnnlib")
     _assert_same(load_vnnlib(plain), parse_vnnlib(ACAS_LIKE_10, path="acas.vnnlib"))
+
+
+def test_constant_comparisons_hold_or_empty_the_unsafe_set(tmp_path: Path) -> None:
+    """A comparison of constants (or of cancelling terms) that holds is dropped; one that
+    does not makes its conjunction false: alone, the unsafe set is empty (no region)."""
+    text = HEAD + BOX + "(assert (<= (- X[0] X[0]) (* 2.0 0.5)))\n(assert (<= Y[0] 1.0))\n"
+    prop = load_vnnlib2(_write(tmp_path, text))
+    assert len(prop.regions) == 1 and prop.regions[0].unsafe[0].A.shape == (1, 2)
+    either = HEAD + BOX + "(assert (or (<= 3.0 2.0) (<= Y[1] 1.0)))\n"
+    (poly,) = load_vnnlib2(_write(tmp_path, either)).regions[0].unsafe
+    assert poly.A.tolist() == [[0.0, 1.0]]
+    never = HEAD + BOX + "(assert (<= Y[0] 1.0))\n(assert (>= (+ 1.0 1.0) 3.0))\n"
+    assert load_vnnlib2(_write(tmp_path, never)).regions == ()
+
+
+STANDARD = Path(__file__).resolve().parents[2] / "shared" / "data" / "vnnlib2"
+STANDARD_FILES = {  # file: None (read) or (fragment of the refusal, line)
+    "acc.vnnlib": None,
+    "single_network.vnnlib": None,
+    "initialized.vnnlib": ("'initialized' input", 4),
+    "intermediate_nodes.vnnlib": ("hidden tensors (declare-hidden)", 4),
+    "multiple_networks.vnnlib": ("3 networks declared", 7),
+    "test_linearise.vnnlib": ("empty input box: X[0]", 26),
+}
+
+
+@pytest.mark.skipif(not STANDARD.exists(), reason="../shared/data/vnnlib2 is absent")
+@pytest.mark.parametrize("name", sorted(STANDARD_FILES))
+def test_the_standards_own_files_are_read_or_refused_with_file_and_line(name: str) -> None:
+    path = STANDARD / name
+    expected = STANDARD_FILES[name]
+    if expected is None:
+        prop = load_vnnlib2(path)
+        assert prop.n_inputs == 3 and prop.regions
+        return
+    with raises_where(SpecificationError, str(path), expected[0]) as info:
+        load_vnnlib2(path)
+    assert info.value.line == expected[1]
+
+
+@pytest.mark.skipif(not STANDARD.exists(), reason="../shared/data/vnnlib2 is absent")
+def test_acc_scalar_output_and_linear_input_row() -> None:
+    """`Y` declared `[]` is output 0; `(+ (* -1.5 X[1]) X[2]) <= -15` is a row over the inputs
+    (`A_x`) in every polytope; the box comes from the single-input bounds."""
+    prop = load_vnnlib2(STANDARD / "acc.vnnlib")
+    (region,) = prop.regions
+    assert prop.n_outputs == 1
+    assert region.lower.tolist() == [0.0, -50.0, 0.0] and region.upper.tolist() == [50, 50, 150]
+    for poly in region.unsafe:
+        assert poly.A_x is not None and [0.0, -1.5, 1.0] in poly.A_x.tolist()
+        assert -15.0 in poly.b.tolist()

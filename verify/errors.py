@@ -24,8 +24,8 @@ class SpecificationError(VerificationInputError):
 
 
 class CertificateUnsupportedError(VerificationInputError):
-    """A certificate was asked for with a method or splitting that cannot write one (only
-    input splitting bounded by plain CROWN can, `verify.bab.input.certify`)."""
+    """A certificate was asked for with a method or splitting that cannot write one (input
+    splitting by CROWN and alpha-CROWN's output slopes can, `verify.bab.input.certify`)."""
 
 
 __all__ = [

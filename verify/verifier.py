@@ -40,6 +40,7 @@ from verify.bab.relu.certify import (
 from verify.certificate.store import CertificateWriter, sha256_file
 from verify.distributed.shards import ShardedSolver
 from verify.errors import CertificateUnsupportedError
+from verify.input_rows import strip_inputs, with_input_rows
 from verify.io.onnx_loader import load_onnx
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import Region, VnnlibProperty
@@ -179,9 +180,11 @@ def verify(
     (`verify.certificate`; other answers leave a file without manifest). The SHA-256 of the
     network and property are those of the files when `net` and `spec` are paths, else `hashes`
     `(network_sha256, property_sha256)` must be given. Certificate mode, one worker
-    (`CertificateUnsupportedError` otherwise), splits as `splitting_mode` says: inputs, bounded
-    by plain CROWN (`verify.bab.input.certify`), or ReLUs, bounded by alpha-beta-CROWN on
-    CROWN's root intermediate bounds, without the hard bounder (`verify.bab.relu.certify`).
+    (`CertificateUnsupportedError` otherwise), splits as `splitting_mode` says: inputs, with
+    the configuration's methods (CROWN, and alpha-CROWN on its output slopes from
+    `strong_depth` on: `verify.bab.input.certify.certificate_config`), or ReLUs, bounded by
+    alpha-beta-CROWN on CROWN's root intermediate bounds, without root tightening nor hard
+    bounder (`verify.bab.relu.certify.relu_certificate_config`).
     """
     seconds = check_timeout(timeout)
     config = replace(config or BabConfig(), method=method)
@@ -206,6 +209,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
         net, spec = _load(net, spec)
         net = evaluation_mode(net)
         check_sizes(net, spec)
+        n_outputs = spec.n_outputs
+        net, spec = with_input_rows(net, spec)
         found = _attack_all(net, spec, config.attack, seed, deadline)
         status = "sat" if found is not None else "unsat"
         for region in spec.regions if found is None else ():
@@ -217,6 +222,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
             if outcome.status != "unsat":
                 status, found = outcome.status, outcome.counterexample
                 break
+        if spec.n_outputs != n_outputs:
+            found = strip_inputs(found, n_outputs)
     except KeyboardInterrupt:
         status, found = "unknown", None
         stats["interrupted"] = True
@@ -237,6 +244,8 @@ def _verify_certified(
             raise TypeError("certificate: give the network and property as paths, or hashes")
         hashes = (sha256_file(net), sha256_file(spec))
     net, loaded = _load(net, spec)
+    if any(p.A_x is not None for r in loaded.regions for p in r.unsafe):
+        raise CertificateUnsupportedError("certificates of properties with input rows (A_x)")
     net = evaluation_mode(net)
     check_sizes(net, loaded)
     writer = CertificateWriter(path, *hashes)

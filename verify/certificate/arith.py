@@ -55,12 +55,30 @@ def mv_lo(a: np.ndarray, x: np.ndarray) -> np.ndarray:
     return down(down(mv(a, x)) - err)
 
 
-def product_slack(a: np.ndarray, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(fl(a @ w), s)`: `a [K, m, n]`, `w [n, p]` or `[K, n, p]`, `h [K, p] >= 0`, and `s
-    [K, m]` with `sum_j |fl(a w)_j - (a w)_j| h_j <= s` (T2, summed over j: each entry errs by
-    at most `gamma_n sum_i |a_i| |w_ij| <= gamma_n ||a||_1 max_i |w_ij|`, plus `n TINY` for
-    underflow; `4 gamma_{n+2}` covers the rounding of the two sums, each of non-negative terms
-    and so within a factor `1 - gamma` of its exact value)."""
+def l1_up(a: np.ndarray) -> np.ndarray:
+    """`fl(sum_i |a_i|)` over the last axis, rounded up: at least the exact sum times
+    `1 - gamma_n` (T2), which the `2 gamma` factors below absorb."""
+    return up(np.abs(a).sum(axis=-1))
+
+
+def bias_lo(a: np.ndarray, norm: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """A lower bound `[K, m]` of the exact `a c` (`a [K, m, n]`, `c [n]` or `[K, n]`) from
+    `norm = l1_up(a)`: `|fl(a c) - a c| <= gamma_n ||a||_1 max |c|` (T2)."""
+    n = a.shape[-1]
+    c_max = np.abs(c).max(axis=-1, initial=0.0)
+    c_max = c_max if np.ndim(c_max) == 0 else c_max[:, None]
+    err = up(up(4 * gamma(n + 2) * norm) * c_max + n * TINY)
+    return down(down(mv(a, c)) - err)
+
+
+def product_slack(
+    a: np.ndarray, w: np.ndarray, h: np.ndarray, norm: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(fl(a @ w), s)`: `a [K, m, n]`, `w [n, p]` or `[K, n, p]`, `h [K, p] >= 0`, `norm =
+    l1_up(a)`, and `s [K, m]` with `sum_j |fl(a w)_j - (a w)_j| h_j <= s` (T2, summed over j:
+    each entry errs by at most `gamma_n sum_i |a_i| |w_ij| <= gamma_n ||a||_1 max_i |w_ij|`,
+    plus `n TINY` for underflow; `4 gamma_{n+2}` covers the rounding of the sums, each of
+    non-negative terms and so within a factor `1 - gamma` of its exact value)."""
     n = a.shape[-1]
     if w.ndim == 2:
         value = (a.reshape(-1, n) @ w).reshape(*a.shape[:-1], w.shape[1])
@@ -68,7 +86,6 @@ def product_slack(a: np.ndarray, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarr
         value = a @ w
     column_max = np.abs(w).max(axis=-2)
     weighted = up(np.sum(column_max * h, axis=-1))  # [K]
-    norm = up(np.abs(a).sum(axis=-1))  # [K, m]
     slack = up(up(4 * gamma(n + 2) * norm) * weighted[:, None])
     return value, up(slack + up(n * TINY * up(h.sum(axis=-1)))[:, None])
 

@@ -28,6 +28,8 @@ from verify.certificate.arith import (
     adaptive_alpha,
     add_lo,
     affine_interval,
+    bias_lo,
+    l1_up,
     mv_lo,
     product_slack,
     relu_residual,
@@ -51,21 +53,29 @@ def relu_step(
     g: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """`(D [K, m, n], lower bound of sum_i e_i [K, m])` for `A relu(v) + G v >= D v + e` on
-    [lower, upper] `[K, n]` (T3; `alpha` `[K, n]` or `[K, m, n]`, `g` `[K, n]` or None)."""
-    low, high = lower[:, None, :], upper[:, None, :]
+    [lower, upper] `[K, n]` (T3; `alpha` `[K, n]` or `[K, m, n]`, `g` `[K, n]` or None): `D`
+    is `A` times the lower line's slope where `A >= 0`, the upper line's where `A < 0` (1 and 0
+    for stable neurons), plus `G`; the residual is computed only at the (box, neuron) pairs
+    where it can be non-zero (unstable, or `G != 0`)."""
     al = alpha[:, None, :] if alpha.ndim == 2 else alpha
-    s = unstable_slopes(low, high)
-    d = np.where(high <= 0, 0.0, np.where(low >= 0, a, np.where(a >= 0, a * al, a * s)))
-    unstable = ((lower < 0) & (upper > 0)).any(axis=0)
+    inactive, active = (upper <= 0)[:, None, :], (lower >= 0)[:, None, :]
+    lower_slope = np.where(inactive, 0.0, np.where(active, 1.0, al))
+    upper_slope = np.where(
+        inactive, 0.0, np.where(active, 1.0, unstable_slopes(lower, upper)[:, None, :])
+    )
+    d = a * np.where(a >= 0, lower_slope, upper_slope)
+    pairs = (lower < 0) & (upper > 0)
     if g is not None:
         d = d + g[:, None, :]
-        unstable |= (g != 0).any(axis=0)
-    cols = np.flatnonzero(unstable)
-    if not len(cols):
+        pairs |= g != 0
+    kk, ii = np.nonzero(pairs)
+    if not len(kk):
         return d, np.zeros(a.shape[:2])
-    g_cols = None if g is None else g[:, None, cols]
-    residual = relu_residual(a[..., cols], d[..., cols], low[..., cols], high[..., cols], g_cols)
-    return d, sum_lo(residual)
+    g_pairs = None if g is None else g[kk, ii][:, None]
+    low, high = lower[kk, ii][:, None], upper[kk, ii][:, None]
+    residual = np.zeros((a.shape[0], a.shape[2], a.shape[1]))  # [K, n, m]
+    residual[kk, ii] = relu_residual(a[kk, :, ii], d[kk, :, ii], low, high, g_pairs)
+    return d, sum_lo(residual.transpose(0, 2, 1))
 
 
 def backward(
@@ -79,10 +89,11 @@ def backward(
     const = np.zeros(a.shape[:2])
     for j in range(k, 0, -1):
         w, c, _ = layers[j - 1]
-        const = add_lo(const, mv_lo(a, c))
+        norm = l1_up(a)
+        const = add_lo(const, bias_lo(a, norm, c))
         below_relu = j > 1 and layers[j - 2][2]
         low, high = bounds[j - 2] if j > 1 else box
-        a, slack = product_slack(a, w, magnitude(low, high, below_relu))
+        a, slack = product_slack(a, w, magnitude(low, high, below_relu), norm)
         const = add_lo(const, -slack)
         if below_relu:
             alpha = alphas.get(j - 1)

@@ -34,7 +34,7 @@ from bounds.errors import VerificationInputError
 from verify.bab import BabConfig
 from verify.certificate import check_certificate
 from verify.certificate.store import sha256_file
-from verify.cli import faults
+from verify.cli import faults, vnncomp
 from verify.cli.options import (
     DEFAULT_METHOD,
     add_common,
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=seconds_option, required=True, help="seconds (> 0)")
     run.add_argument("--results-file", type=Path, help="write the VNN-COMP results file here")
     run.add_argument("--certificate", type=Path, help="write the proof certificate here")
+    vnncomp.add_run_options(run)
     add_common(run)
     check = sub.add_parser("check", help="check a proof certificate (exit 0: valid, 1: not)")
     check.add_argument("network", type=Path, help="ONNX network (.onnx or .onnx.gz)")
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(every)
     faults.add_parser(sub)
+    vnncomp.add_parser(sub)
     return parser
 
 
@@ -112,14 +114,28 @@ def run_one(args: argparse.Namespace) -> VerificationResult:
     elif distributed(args):
         result = run_sharded(args)
     else:
-        net, prop, config = prepared(args)
-        result = verify(
-            net, prop, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
-            splitting=args.splitting, config=config,
-        )  # fmt: skip
+        net, prop, config = vnncomp_instance(args)
+        seconds = vnncomp.budget(args)
+        if seconds <= 0:
+            result = VerificationResult("timeout", None, 0.0, {})
+        else:
+            result = verify(
+                net, prop, timeout=seconds, method=args.method or DEFAULT_METHOD,
+                splitting=args.splitting, config=config,
+            )  # fmt: skip
     if args.results_file is not None:
-        args.results_file.write_text(result.results_text())
+        vnncomp.write_results(args.results_file, result.results_text())
     return result
+
+
+def vnncomp_instance(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
+    """`prepared(args)`, from `prepare`'s cache when `--cache` holds this instance."""
+    found = vnncomp.cached(args)
+    if found is None:
+        return prepared(args)
+    config = bab_config(args)
+    check_method(args, found[0], found[1], config)
+    return found[0], found[1], config
 
 
 def run_sharded(args: argparse.Namespace) -> VerificationResult:
@@ -223,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         checked = check_certificate(args.network, args.property, args.certificate)
         print(checked, flush=True)
         return 0 if checked.valid else 1
+    if args.command == "prepare":
+        try:
+            vnncomp.prepare(args)
+        except VerificationInputError as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            return 2
+        print("prepared", flush=True)
+        return 0
     torch.set_num_threads(args.threads)
     if args.command == "faults":
         return faults.main(args)

@@ -182,6 +182,39 @@ def _transpose(attrs: Attrs, xs: list[Any]) -> np.ndarray:
     return np.transpose(xs[0], attrs.get("perm"))
 
 
+def _reduction(fn: Callable[..., np.ndarray]) -> Folder:
+    """ReduceSum/Mean/Max/Min/Prod on a constant: axes as an attribute or the second input
+    (opset 13/18); none: every axis, or the input itself with `noop_with_empty_axes`."""
+
+    def folder(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+        x = np.asarray(xs[0])
+        axes = _axes(attrs, xs, x.ndim)
+        if not axes:
+            if attrs.get("noop_with_empty_axes", 0):
+                return x
+            axes = list(range(x.ndim))
+        out = fn(x, axis=tuple(axes), keepdims=bool(attrs.get("keepdims", 1)))
+        return np.asarray(out).astype(x.dtype)
+
+    return folder
+
+
+def _arg(fn: Callable[..., np.ndarray]) -> Folder:
+    """ArgMax/ArgMin on a constant (int64; `select_last_index` picks the last of ties)."""
+
+    def folder(attrs: Attrs, xs: list[Any]) -> np.ndarray:
+        x = np.asarray(xs[0])
+        axis = normalize_axes(np.int64(attrs.get("axis", 0)), x.ndim)[0]
+        if attrs.get("select_last_index", 0):
+            out = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
+        else:
+            out = fn(x, axis=axis)
+        out = np.asarray(out, np.int64)
+        return np.expand_dims(out, axis) if attrs.get("keepdims", 1) else out
+
+    return folder
+
+
 FOLDERS: dict[str, Folder] = {
     "Constant": _constant,
     "Identity": lambda attrs, xs: xs[0],
@@ -215,6 +248,13 @@ FOLDERS: dict[str, Folder] = {
     "Max": _same_type(lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs))),
     "Equal": lambda attrs, xs: np.equal(xs[0], xs[1]),
     "Where": lambda attrs, xs: np.where(xs[0], xs[1], xs[2]),
+    "ReduceSum": _reduction(np.sum),
+    "ReduceMean": _reduction(np.mean),
+    "ReduceMax": _reduction(np.max),
+    "ReduceMin": _reduction(np.min),
+    "ReduceProd": _reduction(np.prod),
+    "ArgMax": _arg(np.argmax),
+    "ArgMin": _arg(np.argmin),
 }
 
 

@@ -59,9 +59,12 @@ from verify.io.onnx_graph import check_structure, describe
 from verify.io.onnx_nonlinear import HANDLERS as NONLINEAR_HANDLERS
 from verify.io.onnx_nonlinear import PRODUCTS, two_activations
 from verify.io.onnx_ops import HANDLERS as AFFINE_HANDLERS
+from verify.io.onnx_reduce import HANDLERS as REDUCE_HANDLERS
 from verify.io.onnx_shapes import HANDLERS as SHAPE_HANDLERS
 
-HANDLERS = ChainMap(NONLINEAR_HANDLERS, SHAPE_HANDLERS, AFFINE_HANDLERS)  # read live
+HANDLERS = ChainMap(
+    NONLINEAR_HANDLERS, SHAPE_HANDLERS, REDUCE_HANDLERS, AFFINE_HANDLERS
+)  # read live
 
 # The largest (decompressed) model file read: protobuf messages cannot exceed 2 GiB.
 MAX_MODEL_BYTES = 2**31 - 1

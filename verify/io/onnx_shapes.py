@@ -1,6 +1,6 @@
 """ONNX shape and linear ops -> torch.fx (used by `verify.io.onnx_loader`, next to
 `verify.io.onnx_ops`): Transpose, Slice, Split, Concat, Gather with constant indices, Expand,
-constant Pad, ReduceSum/ReduceMean, Cast between float types, Where with a constant condition,
+constant Pad, Cast between float types, Where with a constant condition,
 ConvTranspose and Resize/Upsample (nearest and linear). Semantics follow the ONNX operator
 specification (https://onnx.ai/onnx/operators/); each handler is checked against onnxruntime
 in tests/test_onnx_general.py.
@@ -26,14 +26,14 @@ from verify.io.onnx_ops import activation, constant, hint, weight
 Node = onnx.NodeProto
 
 
-def _axis(node: Node, axis: Any, rank: int) -> int:
+def axis_of(node: Node, axis: Any, rank: int) -> int:
     try:
         return normalize_axes(np.int64(axis), rank)[0]
     except ValueError as err:
         raise invalid(node, str(err)) from err
 
 
-def _ints(node: Node, inputs: list[Value], i: int, attr: str) -> list[int] | None:
+def int_list(node: Node, inputs: list[Value], i: int, attr: str) -> list[int] | None:
     """An integer list from attribute `attr` (old opsets) or constant input `i`."""
     value = node_attributes(node).get(attr)
     if value is None:
@@ -104,16 +104,16 @@ def _select(b: GraphBuilder, node: Node, x: Traced, ranges: dict[int, range]) ->
 
 def _slice(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     x = activation(node, inputs)
-    starts, ends = _ints(node, inputs, 1, "starts"), _ints(node, inputs, 2, "ends")
+    starts, ends = int_list(node, inputs, 1, "starts"), int_list(node, inputs, 2, "ends")
     if starts is None or ends is None or len(starts) != len(ends):
         raise invalid(node, f"starts {starts} and ends {ends} must be given, of one length")
-    axes = _ints(node, inputs, 3, "axes") or list(range(len(starts)))
-    steps = _ints(node, inputs, 4, "steps") or [1] * len(starts)
+    axes = int_list(node, inputs, 3, "axes") or list(range(len(starts)))
+    steps = int_list(node, inputs, 4, "steps") or [1] * len(starts)
     if len(axes) != len(starts) or len(steps) != len(starts) or 0 in steps:
         raise invalid(node, f"axes {axes} / steps {steps} do not fit starts {starts}")
     ranges: dict[int, range] = {}
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        a = _axis(node, axis, len(x.shape))
+        a = axis_of(node, axis, len(x.shape))
         if a in ranges:
             raise invalid(node, f"axis {axis} is sliced twice")
         ranges[a] = slice_indices(start, end, step, x.shape[a])
@@ -124,8 +124,8 @@ def _slice(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
 def _split(b: GraphBuilder, node: Node, inputs: list[Value]) -> list[Traced]:
     x = activation(node, inputs)
     attrs = node_attributes(node)
-    a = _axis(node, attrs.get("axis", 0), len(x.shape))
-    sizes = _ints(node, inputs, 1, "split")
+    a = axis_of(node, attrs.get("axis", 0), len(x.shape))
+    sizes = int_list(node, inputs, 1, "split")
     n, dim = len(node.output), x.shape[a]
     if sizes is None:
         parts = attrs.get("num_outputs", n)
@@ -146,7 +146,7 @@ def _gather(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     idx = constant(node, inputs, 1)
     if idx is None or idx.dtype.kind not in "iu":
         raise unsupported(node, "needs constant integer indices")
-    a = _axis(node, node_attributes(node).get("axis", 0), len(x.shape))
+    a = axis_of(node, node_attributes(node).get("axis", 0), len(x.shape))
     dim = x.shape[a]
     if idx.size and (idx.min() < -dim or idx.max() >= dim):
         raise invalid(node, f"indices {idx.tolist()} outside [-{dim}, {dim}) on axis {a}")
@@ -171,7 +171,7 @@ def _concat(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     rank = len(values[0].shape if isinstance(values[0], Traced) else np.shape(values[0]))
     if any(len(v.shape if isinstance(v, Traced) else np.shape(v)) != rank for v in values):
         raise mismatch(node, "its inputs have different ranks")
-    a = _axis(node, node_attributes(node).get("axis", 0), rank)
+    a = axis_of(node, node_attributes(node).get("axis", 0), rank)
     acts = [v for v in values if isinstance(v, Traced)]
     batched = a != 0 and rank >= 2 and all(v.batched for v in acts)
     shapes = [v.shape if isinstance(v, Traced) else np.shape(v) for v in values]
@@ -194,7 +194,7 @@ def _concat(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
 
 
 def _expand(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
-    x, shape = activation(node, inputs), _ints(node, inputs, 1, "shape")
+    x, shape = activation(node, inputs), int_list(node, inputs, 1, "shape")
     if shape is None:
         raise unsupported(node, "the target shape must be a constant")
     (x, _), batched, result = broadcast_operands(b, node, [x, np.broadcast_to(0, shape)])
@@ -210,10 +210,10 @@ def _pad(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     mode = attrs.get("mode", "constant")
     if mode != "constant":
         raise unsupported(node, f"mode={mode!r} (only constant padding is supported)")
-    pads = _ints(node, inputs, 1, "pads")
+    pads = int_list(node, inputs, 1, "pads")
     rank = len(x.shape)
-    axes = _ints(node, inputs, 3, "axes")
-    axes = list(range(rank)) if axes is None else [_axis(node, a, rank) for a in axes]
+    axes = int_list(node, inputs, 3, "axes")
+    axes = list(range(rank)) if axes is None else [axis_of(node, a, rank) for a in axes]
     if pads is None or len(pads) != 2 * len(axes):
         raise invalid(node, f"pads {pads} need 2 values per padded axis ({len(axes)} axes)")
     value = attrs.get("value", 0.0)
@@ -233,25 +233,6 @@ def _pad(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
         return x
     torch_pads = [w for a in reversed(range(rank)) if x.axis(a) > 0 for w in widths[a]]
     return b.function(F.pad, x, torch_pads, "constant", float(value), batched=x.batched)
-
-
-def _reduce(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
-    """ReduceSum/ReduceMean over constant axes (torch sum/mean with keepdim, then a reshape)."""
-    x, attrs = activation(node, inputs), node_attributes(node)
-    rank = len(x.shape)
-    axes = _ints(node, inputs, 1, "axes")
-    if not axes:
-        if attrs.get("noop_with_empty_axes", 0):
-            return x
-        axes = list(range(rank))
-    axes = sorted({_axis(node, a, rank) for a in axes})
-    if x.batched and 0 in axes:
-        x = b.unbatched(x)
-    fn = torch.mean if node.op_type == "ReduceMean" else torch.sum
-    y = b.function(fn, x, tuple(x.axis(a) for a in axes), True, batched=x.batched)
-    keep = attrs.get("keepdims", 1)
-    out = tuple(1 if a in axes else d for a, d in enumerate(x.shape) if keep or a not in axes)
-    return b.reshape(y, out, node)
 
 
 def _cast(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
@@ -474,8 +455,6 @@ HANDLERS: dict[str, Callable[[GraphBuilder, Node, list[Value]], Any]] = {
     "Concat": _concat,
     "Expand": _expand,
     "Pad": _pad,
-    "ReduceSum": _reduce,
-    "ReduceMean": _reduce,
     "Cast": _cast,
     "Where": _where,
     "ConvTranspose": _conv_transpose,

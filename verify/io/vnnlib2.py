@@ -57,9 +57,11 @@ MAX_DEPTH = 1000
 100 000 deep crashes the interpreter)."""
 
 _LINE_BREAK = re.compile(r"\r\n|\r")
+_REAL_TYPE = re.compile(r"(\(\s*declare-(?:input|output|hidden)\s+[^\s()]+\s+)Real\b")
+_INITIALIZED = re.compile(r"\(\s*declare-input\s+[^\s()]+\s+\S+\s+\[[^\]]*\]\s+initialized\b")
 _LINE_IN_TEXT = re.compile(r"\bline (\d+)")
 _FLOAT_TYPES = ("F16", "F32", "F64", "BF16", "F8E4M3FN", "F8E5M2", "F8E4M3FNUZ", "F8E5M2FNUZ")
-_FLOAT_TYPES += ("F4E2M1",)
+_FLOAT_TYPES += ("F4E2M1", "Real")
 _COMPARISONS = {
     "LessEqual": ("<=",),
     "LessThan": ("<=",),
@@ -88,8 +90,9 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     if "\x00" in text:  # the C++ parser would silently stop there (dropping what follows)
         raise ctx.error("NUL character in the text", text.count("\n", 0, text.index("\x00")) + 1)
     _check_depth(ctx, text)
+    text = _declarations(ctx, text)
     query = _parse(ctx, text)
-    network = _single_network(ctx, query, last_line)
+    network = _single_network(ctx, query, text)
     x_def, y_def = network.inputs[0], network.outputs[0]
     sizes = (_size(x_def.shape), _size(y_def.shape))
     if sizes[0] * sizes[1] > MAX_ENTRIES or sizes[0] + sizes[1] > MAX_ENTRIES:
@@ -98,6 +101,8 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
     dnfs = [_formula(ctx, tensors, a.expr) for a in query.assertions]
     if not dnfs:
         raise ctx.error("no assertion (the unsafe set is missing)", last_line)
+    if any(not dnf for dnf in dnfs):  # an assertion that never holds: the unsafe set is empty
+        return VnnlibProperty(path, sizes[0], sizes[1], ())
     common, terms = dnf_terms(ctx, dnfs, last_line)
     if not constrains_outputs(common, terms):
         raise ctx.error(f"no constraint on the output {y_def.name} (unsafe set missing)", last_line)
@@ -107,6 +112,17 @@ def parse_vnnlib2(text: str, path: str = "<string>") -> VnnlibProperty:
         name=lambda i: _element(names[0], i), missing_line=lambda i: last_line,
     )  # fmt: skip
     return VnnlibProperty(path, sizes[0], sizes[1], regions)
+
+
+def _declarations(ctx: Context, text: str) -> str:
+    """The element type `Real` of the standard's own examples read as the package's `real`
+    (vnnlib 1.0.2 knows only the lower-case name: 'Real' makes every variable's type
+    'Unknown'); an `initialized` input (VNN-LIB 2.1) refused, naming its line."""
+    found = _INITIALIZED.search(text)
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise ctx.error("not supported: an 'initialized' input (VNN-LIB 2.1)", line)
+    return _REAL_TYPE.sub(lambda m: m.group(1) + "real", text)
 
 
 def _check_depth(ctx: Context, text: str) -> None:
@@ -158,21 +174,30 @@ def _package_error(ctx: Context, message: str) -> SpecificationError:
     return ctx.error(" ".join(parts), line if isinstance(line, int) and line > 0 else None)
 
 
-def _single_network(ctx: Context, query, last_line: int):
+def _line_of(text: str, pattern: str, nth: int = 0) -> int | None:
+    """The line of the `nth` match of `pattern` in `text` (None: no such match)."""
+    matches = list(re.finditer(pattern, text))
+    return text.count("\n", 0, matches[nth].start()) + 1 if len(matches) > nth else None
+
+
+def _single_network(ctx: Context, query, text: str):
     """The one network, with one floating-point input and output tensor and nothing else."""
     networks = query.networks
     if len(networks) != 1:
         msg = f"not supported: {len(networks)} networks declared (exactly one is supported)"
-        raise ctx.error(msg, last_line if not networks else None)
+        line = _line_of(text, r"\(\s*declare-network\b", 1) if networks else line_count(text)
+        raise ctx.error(msg, line)
     net = networks[0]
     where = f"network {net.name}"
     if len(net.inputs) != 1 or len(net.outputs) != 1:
         msg = f"not supported: {where} has {len(net.inputs)} inputs and {len(net.outputs)} outputs"
         raise ctx.error(msg + " (exactly one of each is supported)", None)
     if net.hidden:
-        raise ctx.error(f"not supported: hidden tensors in {where}", None)
+        msg = f"not supported: hidden tensors (declare-hidden) in {where}"
+        raise ctx.error(msg, _line_of(text, r"\(\s*declare-hidden\b"))
     if net.equal_to or net.isometric_to:
-        raise ctx.error(f"not supported: equal-to / isometric-to in {where}", None)
+        line = _line_of(text, r"\((?:equal|isomorphic|isometric)-to\b")
+        raise ctx.error(f"not supported: equal-to / isomorphic-to in {where}", line)
     for tensor in (net.inputs[0], net.outputs[0]):
         dtype = str(tensor.dtype).rsplit(".", 1)[-1]
         if dtype not in _FLOAT_TYPES:
@@ -228,15 +253,18 @@ def _formula(ctx: Context, tensors: dict, expr) -> list:
             merge = conjoin if kind == "And" else disjoin
             values.append(merge(ctx, parts, line))
         elif kind in _COMPARISONS:
-            values.append([tuple(_comparison(ctx, tensors, node, _COMPARISONS[kind]))])
+            constraints = _comparison(ctx, tensors, node, _COMPARISONS[kind])
+            values.append([] if constraints is None else [tuple(constraints)])
         else:
             what = "'!='" if kind == "NotEqual" else f"formula {kind}"
             raise ctx.error(f"not supported: {what}", _first_line(node))
     return values[0]
 
 
-def _comparison(ctx: Context, tensors: dict, node, ops: tuple[str, ...]) -> list[Constraint]:
-    """``lhs op rhs`` as constraints ``coefs . v <= bound`` over ``("X", i)`` / ``("Y", j)``."""
+def _comparison(ctx: Context, tensors: dict, node, ops: tuple[str, ...]) -> list[Constraint] | None:
+    """``lhs op rhs`` as constraints ``coefs . v <= bound`` over ``("X", i)`` / ``("Y", j)``;
+    a comparison of constants (or of cancelling terms) is none when it holds, ``None`` (false)
+    when it does not."""
     line = _first_line(node)
     coefs: dict[tuple[str, int], float] = {}
     const = 0.0
@@ -255,9 +283,13 @@ def _comparison(ctx: Context, tensors: dict, node, ops: tuple[str, ...]) -> list
     for op in ops:  # lhs - rhs <= 0, or rhs - lhs <= 0
         s = 1.0 if op == "<=" else -1.0
         row = {v: s * c for v, c in coefs.items() if c != 0.0}
-        if not row:
-            raise ctx.error("comparison without variables (constant or cancelling terms)", line)
         bound = 0.0 - s * const + 0.0  # + 0.0: no -0.0
+        if not row:  # 0 <= bound: true (dropped) or false (the whole term)
+            if not math.isfinite(bound):
+                raise ctx.error("arithmetic overflow in the comparison (not a finite number)", line)
+            if bound < 0:
+                return None
+            continue
         if not (math.isfinite(bound) and all(map(math.isfinite, row.values()))):
             raise ctx.error("arithmetic overflow in the comparison (not a finite number)", line)
         out.append(Constraint(row, bound, line))

@@ -262,7 +262,7 @@ def _tighten(
         else:
             lower[i] = max(lower[i], value)
         if lower[i] > upper[i]:
-            msg = f"empty input box: {name(i)} has lower {lower[i]!r} > upper {upper[i]!r}"
+            msg = f"empty input box: {name(i)} has lower {float(lower[i])!r} > upper {float(upper[i])!r}"
             raise ctx.error(msg, con.line)
 
 

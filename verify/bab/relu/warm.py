@@ -59,7 +59,9 @@ def compact(start: AndersonStart, max_cuts: int = MAX_CUTS) -> AndersonStart:
         cuts.append(Cuts(gather(c.rows), gather(c.mask), chosen))
         betas.append(gather(beta) * chosen)
     d = start.duals
-    return AndersonStart(AndersonDuals(d.alpha, d.beta_u, d.beta_l, tuple(betas)), tuple(cuts), start.given)
+    return AndersonStart(
+        AndersonDuals(d.alpha, d.beta_u, d.beta_l, tuple(betas)), tuple(cuts), start.given
+    )
 
 
 def nbytes(start: AndersonStart) -> int:

@@ -1,0 +1,17 @@
+#!/bin/bash
+# VNN-COMP: prepare_instance.sh v1 CATEGORY ONNX VNNLIB -- converts and checks the network and
+# the property and caches them for run_instance.sh (exit 0); a network or property ldverify
+# refuses exits 1 with the reason, so the instance is skipped rather than answered wrongly.
+if [ "${1:-}" != "v1" ]; then
+    echo "Expected first argument (version string) 'v1', got '${1:-}'"
+    exit 1
+fi
+CATEGORY=$2
+ONNX_FILE=$(realpath "$3")
+VNNLIB_FILE=$(realpath "$4")
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${LDVERIFY_CACHE:-${TMPDIR:-/tmp}/ldverify_vnncomp}"
+echo "Preparing ldverify for '$CATEGORY': $ONNX_FILE, $VNNLIB_FILE"
+pkill -f "python -m verify run" 2>/dev/null  # a run left over from a killed instance
+cd "$ROOT" && python -m verify prepare "$ONNX_FILE" "$VNNLIB_FILE" --cache "$CACHE" || exit 1
+exit 0
