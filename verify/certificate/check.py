@@ -1,4 +1,4 @@
-"""The independent checker of certificates (format v1, package docstring): `check_certificate`.
+"""The independent checker of certificates (format v2, package docstring): `check_certificate`.
 
 It reads the network with its own ONNX reader (`onnx_plain`) and the property with its own
 VNN-LIB reader (`vnnlib_plain`), and re-proves every leaf with its own
@@ -12,6 +12,7 @@ float64, outward-rounded IBP and CROWN (`crown64`). Theorems relied on:
   leaf's slopes; the claim must be > 0 and <= the re-derived bound.
 - (C3) so when every leaf node excludes every polytope of its region, no input of any region
   reaches an unsafe output: the property holds ("unsat").
+- With `"splitting": "relu"` the trees and leaves are `relu_check`'s (R1)-(R3) instead of (C1).
 - (C4) a "sat" answer's point lies in a region's box and its output's sound interval
   (`crown64.point_interval`) lies inside one polytope (every row's upper bound <= 0).
 """

@@ -1,4 +1,4 @@
-"""Reading and writing certificate files (format v1, see the package docstring): a zip of `.npy`
+"""Reading and writing certificate files (format v2, see the package docstring): a zip of `.npy`
 members, appended batch by batch, and a `manifest.json` member written when the search ends."""
 
 from __future__ import annotations
