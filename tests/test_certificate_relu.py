@@ -122,10 +122,16 @@ MUTATIONS = {
     ),
     "negative beta": ("leaf_beta", lambda a, m: -a - (a == 0), "beta"),
     "beta off the splits": ("leaf_beta0", lambda a, m: _set(a, _split_neuron(m)[1]), "not split"),
+    "same neuron twice": ("relu_split_ints", lambda a, m: _same_neuron(a), "or split"),
     "slope outside": ("leaf_alpha0", lambda a, m: a + 2.0, "outside [0, 1]"),
     "claim up": ("leaf_claim", lambda a, m: a * 1e3 + 1.0, "exceeds the re-derived"),
     "lambda up": ("leaf_lambda", lambda a, m: -a, "lambda"),
 }
+
+
+def _same_neuron(a: np.ndarray) -> np.ndarray:
+    a[:, 3:5] = a[0, 3:5]  # every split on the first split's neuron
+    return a
 
 
 def _set(a: np.ndarray, i: int) -> np.ndarray:
@@ -145,7 +151,7 @@ def test_mutations_rejected(solved, tmp_path, mutation):
     bad = _rewrite(cert, tmp_path / "bad.cert", edit)
     result = check_certificate(onnx_path, spec_path, bad)
     assert not result.valid and words in result.reason, result.reason
-    if mutation != "remove a leaf":
+    if mutation not in ("remove a leaf", "same neuron twice"):
         assert "leaf (region" in result.reason, result.reason
 
 
@@ -154,6 +160,27 @@ def test_removed_leaf_breaks_coverage(solved, tmp_path):
     bad = _rewrite(cert, tmp_path / "bad.cert", lambda n, a: a[1:] if "_leaf_" in n else None)
     result = check_certificate(onnx_path, spec_path, bad)
     assert not result.valid and "coverage" in result.reason, result.reason
+
+
+def test_unconfirmed_claims_reopen(tmp_path, monkeypatch):
+    """A closed domain whose claim the writer's own check does not confirm is reopened and
+    split further (never an uncheckable leaf): here every first claim of a run fails."""
+    onnx_path, spec_path = _write(
+        tmp_path, _bound("milp") + 0.5 * (_bound("crown") - _bound("milp"))
+    )
+    claims, calls = ReluRecorder.claims, []
+
+    def first_fails(self, *args, **kwargs):
+        values, parts = claims(self, *args, **kwargs)
+        calls.append(len(values))
+        return (values - np.inf if len(calls) == 1 else values), parts
+
+    monkeypatch.setattr(ReluRecorder, "claims", first_fails)
+    cert = tmp_path / "c.cert"
+    result = verify.verify(str(onnx_path), str(spec_path), timeout=60, certificate=cert,
+                           config=RELU)  # fmt: skip
+    assert result.status == "unsat" and result.stats["regions"][0]["certificate_reopened"] >= 1
+    assert check_certificate(onnx_path, spec_path, cert).valid
 
 
 def test_unsound_bounder_rejected(tmp_path, monkeypatch):
