@@ -26,10 +26,17 @@ import torch
 from torch import nn
 
 from bounds.errors import InvalidLimitError, ShapeMismatchError
+from bounds.graph.graph import build_graph
 from verify.attack import AttackConfig, find_counterexample, validate
-from verify.bab import BabConfig, solve_region
+from verify.bab import BabConfig, input_shape, solve_region, splitting_mode
 from verify.bab.common import RegionOutcome
 from verify.bab.input.certify import CertifyingBab, Recorder, certificate_config
+from verify.bab.relu.certify import (
+    CertifyingReluBab,
+    ReluRecorder,
+    chain_layers,
+    relu_certificate_config,
+)
 from verify.certificate.store import CertificateWriter, sha256_file
 from verify.distributed.shards import ShardedSolver
 from verify.errors import CertificateUnsupportedError
@@ -179,10 +186,12 @@ def verify(
     `certificate`: a path where an "unsat" or "sat" answer's proof certificate is written
     (`verify.certificate`; other answers leave a file without manifest). The SHA-256 of the
     network and property are those of the files when `net` and `spec` are paths, else `hashes`
-    `(network_sha256, property_sha256)` must be given. Certificate mode runs input splitting
-    with the configuration's methods (CROWN, and alpha-CROWN on its output slopes from
-    `strong_depth` on: `verify.bab.input.certify.certificate_config`), one worker
-    (`CertificateUnsupportedError` otherwise).
+    `(network_sha256, property_sha256)` must be given. Certificate mode, one worker
+    (`CertificateUnsupportedError` otherwise), splits as `splitting_mode` says: inputs, with
+    the configuration's methods (CROWN, and alpha-CROWN on its output slopes from
+    `strong_depth` on: `verify.bab.input.certify.certificate_config`), or ReLUs, bounded by
+    alpha-beta-CROWN on CROWN's root intermediate bounds, without root tightening nor hard
+    bounder (`verify.bab.relu.certify.relu_certificate_config`).
     """
     seconds = check_timeout(timeout)
     config = replace(config or BabConfig(), method=method)
@@ -241,18 +250,13 @@ def _verify_certified(
         if not isinstance(net, (str, os.PathLike)) or not isinstance(spec, (str, os.PathLike)):
             raise TypeError("certificate: give the network and property as paths, or hashes")
         hashes = (sha256_file(net), sha256_file(spec))
-    config = certificate_config(config)
     net, loaded = _load(net, spec)
     if any(p.A_x is not None for r in loaded.regions for p in r.unsafe):
         raise CertificateUnsupportedError("certificates of properties with input rows (A_x)")
+    net = evaluation_mode(net)
+    check_sizes(net, loaded)
     writer = CertificateWriter(path, *hashes)
-    index = {id(r): k for k, r in enumerate(loaded.regions)}
-
-    def solve(net_: nn.Module, region: Region, deadline: float, config_: BabConfig,
-              seed_: int) -> RegionOutcome:  # fmt: skip
-        recorder = Recorder(writer, index[id(region)], region, config_.combine_rows)
-        return CertifyingBab(net_, region, config_, seed_, None, recorder).run(deadline)
-
+    mode, config, solve = _certified_solver(net, loaded, writer, config)
     result = _run(net, loaded, solve, seconds, config, seed)
     if result.status == "sat" and result.counterexample is not None:
         x = result.counterexample[0].detach().double().cpu().numpy().reshape(-1)
@@ -261,5 +265,36 @@ def _verify_certified(
         if k is not None:  # else no point is stored: the checker answers "invalid"
             writer.append({"sat_x": x, "sat_region": np.array(k)})
     if result.status in ("sat", "unsat"):
-        writer.finish(result.status, len(loaded.regions))
+        writer.finish(result.status, len(loaded.regions), {"splitting": mode})
     return result
+
+
+def _certified_solver(
+    net: nn.Module, loaded: VnnlibProperty, writer: CertificateWriter, config: BabConfig
+) -> tuple[str, BabConfig, Callable[..., RegionOutcome]]:
+    """The splitting mode of the property (`splitting_mode` of its first region), the config of
+    certificate mode and the region solver recording into `writer`: input splitting by CROWN
+    (`verify.bab.input.certify`) or ReLU splitting (`verify.bab.relu.certify`)."""
+    index = {id(r): k for k, r in enumerate(loaded.regions)}
+    if not loaded.regions:
+        return "input", certificate_config(config), solve_region
+    graph = build_graph(net, input_shape(net, loaded.regions[0]))
+    mode = splitting_mode(net, loaded.regions[0], config, graph)
+    if mode == "input":
+        config = certificate_config(config)
+
+        def solve(net_: nn.Module, region: Region, deadline: float, config_: BabConfig,
+                  seed_: int) -> RegionOutcome:  # fmt: skip
+            recorder = Recorder(writer, index[id(region)], region, config_.combine_rows)
+            return CertifyingBab(net_, region, config_, seed_, graph, recorder).run(deadline)
+
+        return mode, config, solve
+    layers = chain_layers(graph)
+    config = relu_certificate_config(config)
+
+    def solve_relu(net_: nn.Module, region: Region, deadline: float, config_: BabConfig,
+                   seed_: int) -> RegionOutcome:  # fmt: skip
+        recorder = ReluRecorder(writer, index[id(region)], region, layers)
+        return CertifyingReluBab(net_, region, config_, seed_, graph, recorder).run(deadline)
+
+    return mode, config, solve_relu

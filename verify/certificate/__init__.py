@@ -1,11 +1,11 @@
-"""Proof certificates (issue 26), format v1, and their independent checker.
+"""Proof certificates (issue 26), format v2, and their independent checker.
 
 File: one zip archive (members deflated) that `numpy.load` opens; every member but
 `manifest.json` is a `.npy` array named `b{batch}_{name}.npy`. Batches are appended (zip
 append mode) while the search closes domains, so the records are never all in memory. `manifest.json` (read with `zipfile`,
 written last):
-`{"format": "ldverify-certificate", "version": 1, "network_sha256", "property_sha256",
-"answer": "unsat" | "sat", "regions": n, "batches": k}`; the hashes are of the files' bytes as
+`{"format": "ldverify-certificate", "version": 2, "network_sha256", "property_sha256",
+"answer": "unsat" | "sat", "regions": n, "batches": k, "splitting": "input" | "relu"}`; the hashes are of the files' bytes as
 stored (a `.onnx.gz` is hashed compressed).
 
 Members of a batch (K splits, L leaves):
@@ -19,6 +19,12 @@ Members of a batch (K splits, L leaves):
   node's box (a redundancy check of the tree); `leaf_alpha{j} [L, n_j]` the lower slopes in
   [0, 1] of the j-th ReLU layer (in network order) in the backward pass of that objective.
   One leaf excludes one polytope; a node is closed when each polytope of its region has a leaf.
+- with `"splitting": "relu"` (ReLU splitting, `relu_check`), instead of `split_*`:
+  `relu_split_ints [K, 7]` int64 `(region, polytope, parent_id, relu_layer j, neuron,
+  inactive_id, active_id)`: one tree per (region, polytope), node 0 its root (no split); the
+  children add `v_neuron <= 0` (inactive) or `>= 0` (active) of the j-th ReLU layer's input.
+  Leaves have no `leaf_lower`/`leaf_upper` but `leaf_beta{j} [L, n_j]` `>= 0` (0 at neurons not
+  split on the node's path): the split multipliers; alpha and beta may be stored as float32.
 - `sat_x [n_in]` float64 and `sat_region` int64 (answer "sat"): the counterexample.
 
 The checker (`check.check_certificate`) re-derives each leaf's bound with its own float64,
@@ -29,6 +35,7 @@ reads the network with its own ONNX reader (`onnx_plain`) and the property with 
 reader (`vnnlib_plain`); it imports no module of this project outside `verify.certificate`
 (`onnx` and numpy only)."""
 
+from verify.certificate import relu_check  # noqa: F401  (registers the ReLU-split checker)
 from verify.certificate.check import CheckResult, check_certificate
 
 __all__ = ["CheckResult", "check_certificate"]

@@ -1,4 +1,4 @@
-"""The independent checker of certificates (format v1, package docstring): `check_certificate`.
+"""The independent checker of certificates (format v2, package docstring): `check_certificate`.
 
 It reads the network with its own ONNX reader (`onnx_plain`) and the property with its own
 VNN-LIB reader (`vnnlib_plain`), and re-proves every leaf with its own
@@ -12,6 +12,7 @@ float64, outward-rounded IBP and CROWN (`crown64`). Theorems relied on:
   leaf's slopes; the claim must be > 0 and <= the re-derived bound.
 - (C3) so when every leaf node excludes every polytope of its region, no input of any region
   reaches an unsafe output: the property holds ("unsat").
+- With `"splitting": "relu"` the trees and leaves are `relu_check`'s (R1)-(R3) instead of (C1).
 - (C4) a "sat" answer's point lies in a region's box and its output's sound interval
   (`crown64.point_interval`) lies inside one polytope (every row's upper bound <= 0).
 """
@@ -107,11 +108,8 @@ class Checker:
         first leaf that fails."""
         boxes = self.boxes_of(ints)
         rows = np.array([len(self.regions[r].unsafe[p].b) for r, _, p in ints.tolist()])
-        width = np.arange(lam.shape[1])[None, :]
+        self.check_lambda(ints, lam, rows)
         claim = np.asarray(claim, np.float64)
-        self.fail(ints, ~np.isfinite(lam).all(1) | (lam < 0).any(1) | ~(lam != 0).any(1)
-                  | ((width >= rows[:, None]) & (lam != 0)).any(1),
-                  "lambda must be finite, >= 0, not all 0, over the polytope's rows")  # fmt: skip
         self.fail(
             ints,
             (boxes[0] < lower).any(1) | (boxes[1] > upper).any(1),
@@ -125,6 +123,18 @@ class Checker:
             k = int(np.argmax(bad))
             self.fail(ints, bad, f"claimed bound {claim[k]} exceeds the re-derived bound {got[k]}")
         self.closed.update(map(tuple, ints.tolist()))
+
+    def check_lambda(self, ints: np.ndarray, lam: np.ndarray, rows: np.ndarray) -> None:
+        """Invalid unless each `lam [L, width]` is finite, >= 0, not 0, over its `rows`."""
+        width = np.arange(lam.shape[1])[None, :]
+        self.fail(ints, ~np.isfinite(lam).all(1) | (lam < 0).any(1) | ~(lam != 0).any(1)
+                  | ((width >= rows[:, None]) & (lam != 0)).any(1),
+                  "lambda must be finite, >= 0, not all 0, over the polytope's rows")  # fmt: skip
+
+    def read_splits(self, batch: dict[str, np.ndarray]) -> None:
+        """The batch's box splits (C1)."""
+        if "split_ints" in batch:
+            self.splits(batch["split_ints"], batch["split_point"])
 
     def boxes_of(self, ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The tree's boxes `[L, n_in]` of the leaves' nodes; Invalid for an unknown node, a
@@ -172,11 +182,16 @@ class Checker:
         back = back.reshape(-1)
         node_bounds = intervals(self.layers, (boxes[0][first], boxes[1][first]))
         bounds = [(lo[back], hi[back]) for lo, hi in node_bounds]
+        return self.bound(ints, lam, bounds, boxes, slopes)
+
+    def bound(self, ints: np.ndarray, lam: np.ndarray, bounds: list, boxes: tuple,
+              slopes: dict[int, np.ndarray], betas: dict | None = None) -> np.ndarray:  # fmt: skip
+        """`derive` on the intervals `bounds` (`betas`: `crown64.backward`'s)."""
         a, b = self.polytopes(ints, lam.shape[1])
         layers = [*self.layers, (a, -b, False)]
-        crown = backward(layers, bounds, boxes, lam[:, None, :], len(layers), slopes)[:, 0]
+        crown = backward(layers, bounds, boxes, lam[:, None, :], len(layers), slopes, betas)
         row_lower, _ = affine_interval(a, -b, *bounds[-1])
-        return np.maximum(crown, mv_lo(lam[:, None, :], row_lower)[:, 0])
+        return np.maximum(crown[:, 0], mv_lo(lam[:, None, :], row_lower)[:, 0])
 
     def polytopes(self, ints: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
         """The leaves' polytopes `(A [L, width, n_out], b [L, width])`, padded with 0 rows."""
@@ -211,6 +226,9 @@ class Checker:
         )
 
 
+SPLITTINGS: dict[str, type[Checker]] = {"input": Checker}  # "relu": `relu_check` adds its own
+
+
 def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
            cert_path: str | os.PathLike) -> None:  # fmt: skip
     manifest = read_manifest(cert_path)
@@ -232,7 +250,10 @@ def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
     for k, r in enumerate(regions):
         if not (np.isfinite(r.lower).all() and np.isfinite(r.upper).all()):
             raise CertificateInvalidError(f"region {k}: its input box is not bounded")
-    checker, batches = Checker(layers, regions), int(manifest.get("batches", 0))
+    kind = SPLITTINGS.get(manifest.get("splitting"))
+    if kind is None:
+        raise CertificateInvalidError(f"manifest: splitting {manifest.get('splitting')!r}")
+    checker, batches = kind(layers, regions), int(manifest.get("batches", 0))
     if manifest.get("answer") == "sat":
         for batch in read_batches(cert_path, batches):
             if "sat_x" in batch:
@@ -242,8 +263,7 @@ def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
     if manifest.get("answer") != "unsat":
         raise CertificateInvalidError(f"manifest: answer {manifest.get('answer')!r}")
     for batch in read_batches(cert_path, batches):
-        if "split_ints" in batch:
-            checker.splits(batch["split_ints"], batch["split_point"])
+        checker.read_splits(batch)
     for batch in read_batches(cert_path, batches):
         if "leaf_ints" in batch:
             checker.leaves(batch)

@@ -1,4 +1,4 @@
-"""Reading and writing certificate files (format v1, see the package docstring): a zip of `.npy`
+"""Reading and writing certificate files (format v2, see the package docstring): a zip of `.npy`
 members, appended batch by batch, and a `manifest.json` member written when the search ends."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-FORMAT, VERSION = "ldverify-certificate", 1
+FORMAT, VERSION = "ldverify-certificate", 2
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -4,10 +4,11 @@ the input-splitting search with its bounder recording every split and every clos
 Certificate mode runs the search's own configuration (`certificate_config`): CROWN for every
 domain and alpha-CROWN (output slopes only, `optimize_intermediate=False`) from
 `strong_depth` on; a method or option whose bounds no leaf's parameters can give (intermediate
-slopes optimised, another method) and ReLU splitting raise `CertificateUnsupportedError` (no
-fallback: the caller chose them). Splits are read off the kept sibling pairs the bounder
-confirms (left child `i` and right child `i + n`: the parent is their union, the split where
-they differ), so the brancher's trial of several dimensions is unchanged.
+slopes optimised, another method) raise `CertificateUnsupportedError` (no fallback: the caller
+chose them); ReLU splitting writes its own certificates (`verify.bab.relu.certify`). Splits
+are read off the kept sibling pairs the bounder confirms (left child `i` and right child
+`i + n`: the parent is their union, the split where they differ), so the brancher's trial of
+several dimensions is unchanged.
 
 A closed domain's leaves come from the search's own float64 recheck of its closing bound, done
 here by the checker's procedure (`certified_bounds`, Zhang et al. 2018 for CROWN, Xu et al. 2021
@@ -58,7 +59,7 @@ def certificate_config(config: BabConfig) -> BabConfig:
     """`config` for certificate mode: the same methods, input splitting, the float64 recheck
     on (it gives the leaves); `CertificateUnsupportedError` for a method whose bound no leaf's
     parameters give (not CROWN, or alpha-CROWN optimising intermediate slopes) or ReLU
-    splitting."""
+    splitting (whose certificate mode is `verify.bab.relu.certify.relu_certificate_config`)."""
     if config.method != "crown":
         raise CertificateUnsupportedError(
             f"method {config.method!r} cannot give its parameters for a certificate; use 'crown'"
@@ -70,7 +71,7 @@ def certificate_config(config: BabConfig) -> BabConfig:
             "parameters for a certificate (alpha-CROWN needs optimize_intermediate=False)"
         )
     if config.splitting == "relu":
-        raise CertificateUnsupportedError("ReLU splitting cannot write certificates yet")
+        raise CertificateUnsupportedError("ReLU splitting: use relu_certificate_config")
     return replace(config, splitting="input", float64_recheck=True)
 
 

@@ -71,7 +71,12 @@ class ReluBab(Search):
     `ReluBrancher` and a `ReluAttacker` sharing one `Target` (`run(deadline)` returns a
     `RegionOutcome`). `config` is a `verify.bab.BabConfig` (its `relu` field holds the
     ReLU-splitting settings; batch sizes, attacks, `max_domains` and `prune_tol` are shared);
-    `graph`: the network's graph when the caller has built it (built here otherwise)."""
+    `graph`: the network's graph when the caller has built it (built here otherwise);
+    `bounder_class`, `brancher_class`: the easy bounder's and the brancher's classes (the
+    certificate writer's record, `verify.bab.relu.certify`)."""
+
+    bounder_class: type[ReluBounder] = ReluBounder
+    brancher_class: type[ReluBrancher] = ReluBrancher
 
     def __init__(self, net: nn.Module, region: Region, config: BabConfig, seed: int = 0,
                  graph: Graph | None = None) -> None:  # fmt: skip
@@ -97,10 +102,10 @@ class ReluBab(Search):
                              check, sizer, stats, clock)  # fmt: skip
         checks = Counterexamples(net, region, self.shape, self.spec)
         self.value_tol = checks.value_tol
-        easy = ReluBounder(self.target, self.settings)
+        easy = self.bounder_class(self.target, self.settings)
         super().__init__(
             StratifiedBounder(easy, HardBounder.of(easy)),
-            ReluBrancher(self.target, self.settings), ReluAttacker(self.target, checks, config),
+            self.brancher_class(self.target, self.settings), ReluAttacker(self.target, checks, config),
             clock, checks=checks, sizer=sizer, stats=stats,
             max_open=max_open(self.target, config), attack_every=config.attack_every,
         )  # fmt: skip
