@@ -9,8 +9,8 @@ order (even instances plain first, odd ones certified first), each timed end to 
 waits (files loaded inside the call; the first instance run once untimed before, so that
 neither mode pays the process's first calls); then `verify.check_certificate` timed on every "unsat" or
 "sat" certificate; and for every "unsat" certificate mutations that must come out invalid
-(`MUTATIONS`: a claim raised, a leaf removed, a split's children swapped, the property's last
-constant changed in a copied spec). A certificate that `verify` refuses
+(`MUTATIONS`: a claim raised, a leaf removed, a split's children swapped (input splitting) or a
+ReLU split's sides swapped, the property's last constant changed in a copied spec). A certificate that `verify` refuses
 (`CertificateUnsupportedError`, e.g. ReLU splitting) is recorded as "unsupported".
 
 Per suite: instances solved with and without a certificate (and which differ), the time ratio
@@ -82,7 +82,8 @@ def rewrite(src: Path, dst: Path, edit: Edit) -> None:
 def batch_of(cert: Path, member: str, last: bool) -> str | None:
     """The prefix `b{k}_` of the first (or last) batch holding `member` (None: no batch)."""
     with zipfile.ZipFile(cert) as zf:
-        found = [int(n[1:].split("_")[0]) for n in zf.namelist() if n.endswith(f"_{member}.npy")]
+        found = [int(n[1:].split("_")[0]) for n in zf.namelist()
+                 if n.split("_", 1)[-1] == f"{member}.npy"]  # fmt: skip
     if not found:
         return None
     return f"b{max(found) if last else min(found)}_"
@@ -103,10 +104,24 @@ def _remove_leaf(prefix: str) -> Edit:
 
 
 def _swap_children(prefix: str) -> Edit:
+    """Input splitting: the first split's left and right children swapped (columns 3, 4)."""
+
     def edit(name: str, a: np.ndarray) -> np.ndarray | None:
         if name != f"{prefix}split_ints.npy":
             return None
         a[0, [3, 4]] = a[0, [4, 3]]
+        return a
+
+    return edit
+
+
+def _swap_sides(prefix: str) -> Edit:
+    """ReLU splitting: the first split's inactive and active children swapped (columns 5, 6)."""
+
+    def edit(name: str, a: np.ndarray) -> np.ndarray | None:
+        if name != f"{prefix}relu_split_ints.npy":
+            return None
+        a[0, [5, 6]] = a[0, [6, 5]]
         return a
 
     return edit
@@ -117,6 +132,7 @@ MUTATIONS: dict[str, tuple[str, bool, Callable[[str], Edit]]] = {
     "claim raised": ("leaf_claim", True, _raise_claim),
     "leaf removed": ("leaf_ints", True, _remove_leaf),
     "split children swapped": ("split_ints", False, _swap_children),
+    "ReLU split sides swapped": ("relu_split_ints", False, _swap_sides),
 }
 
 
