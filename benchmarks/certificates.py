@@ -103,36 +103,29 @@ def _remove_leaf(prefix: str) -> Edit:
     return lambda name, a: a[:-1] if name.startswith(f"{prefix}leaf_") else None
 
 
-def _swap_children(prefix: str) -> Edit:
-    """Input splitting: the first split's left and right children swapped (columns 3, 4)."""
+def _swap(member: str, columns: tuple[int, int]) -> Callable[[str], Edit]:
+    """The first split of `member` with its two children's `columns` swapped: the left and
+    right children (input splitting, `split_ints` columns 3, 4) or the inactive and active
+    ones (ReLU splitting, `relu_split_ints` columns 5, 6)."""
 
-    def edit(name: str, a: np.ndarray) -> np.ndarray | None:
-        if name != f"{prefix}split_ints.npy":
-            return None
-        a[0, [3, 4]] = a[0, [4, 3]]
-        return a
+    def make(prefix: str) -> Edit:
+        def edit(name: str, a: np.ndarray) -> np.ndarray | None:
+            if name != f"{prefix}{member}.npy":
+                return None
+            a[0, list(columns)] = a[0, list(columns[::-1])]
+            return a
 
-    return edit
+        return edit
 
-
-def _swap_sides(prefix: str) -> Edit:
-    """ReLU splitting: the first split's inactive and active children swapped (columns 5, 6)."""
-
-    def edit(name: str, a: np.ndarray) -> np.ndarray | None:
-        if name != f"{prefix}relu_split_ints.npy":
-            return None
-        a[0, [5, 6]] = a[0, [6, 5]]
-        return a
-
-    return edit
+    return make
 
 
 # name: (the member edited, in the last batch holding it (else the first), the edit of it)
 MUTATIONS: dict[str, tuple[str, bool, Callable[[str], Edit]]] = {
     "claim raised": ("leaf_claim", True, _raise_claim),
     "leaf removed": ("leaf_ints", True, _remove_leaf),
-    "split children swapped": ("split_ints", False, _swap_children),
-    "ReLU split sides swapped": ("relu_split_ints", False, _swap_sides),
+    "split children swapped": ("split_ints", False, _swap("split_ints", (3, 4))),
+    "ReLU split sides swapped": ("relu_split_ints", False, _swap("relu_split_ints", (5, 6))),
 }
 
 

@@ -43,7 +43,6 @@ from verify.cli.options import (
     check_output_file,
     count_option,
     distributed,
-    load_network,
     load_networks,
     network_paths,
     resolve,
@@ -206,23 +205,22 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
     """The status of one instance (KeyboardInterrupt propagates; bad files raise
     VerificationInputError)."""
     net_paths, prop_path = network_paths(root, instance.network), resolve(root, instance.property)
-    net_path = net_paths[0]
     prop = load_vnnlib(prop_path)
-    if len(net_paths) > 1 or prop.networks:
-        net_path = Path(";".join(map(str, net_paths))) if len(net_paths) > 1 else net_path
-        nets[net_path] = load_networks(net_paths, args.device, prop)
-    elif net_path not in nets:
-        nets[net_path] = load_network(net_path, args.device)
-    check_method(args, nets[net_path], prop, config)
+    key = ";".join(map(str, net_paths))
+    if key not in nets or prop.networks:  # a product is laid out by its property
+        nets[key] = load_networks(net_paths, args.device, prop)
+    check_method(args, nets[key], prop, config)
     budget = instance.timeout * args.timeout_scale - (time.monotonic() - start)
     if budget <= 0:
         return "timeout"
     certificate = hashes = None
     if getattr(args, "certificates", None) is not None:
-        certificate = args.certificates / f"{_stem(net_path)}__{_stem(prop_path)}.cert"
-        hashes = (sha256_file(net_path), sha256_file(prop_path))
+        if len(net_paths) > 1:
+            raise CertificateUnsupportedError("certificates of properties over several networks")
+        certificate = args.certificates / f"{_stem(net_paths[0])}__{_stem(prop_path)}.cert"
+        hashes = (sha256_file(net_paths[0]), sha256_file(prop_path))
     result = verify(
-        nets[net_path], prop, timeout=budget, method=args.method or DEFAULT_METHOD,
+        nets[key], prop, timeout=budget, method=args.method or DEFAULT_METHOD,
         splitting=args.splitting, config=config, certificate=certificate, hashes=hashes,
     )  # fmt: skip
     if result.stats.get("interrupted"):

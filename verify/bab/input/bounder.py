@@ -11,7 +11,7 @@ fails stays open and is split further.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -181,6 +181,15 @@ class InputBounder:
         (`verify.bab.input.methods.Recheck`)."""
         out = torch.empty(len(lower), self.check.spec.C.shape[0], dtype=torch.float64,
                           device=lower.device)  # fmt: skip
+        for part, use_strong, given in self._recheck_parts(depth, slope_rows, slopes):
+            out[part] = self._call_bounds64(lower[part], upper[part], use_strong, given)
+        return out
+
+    def _recheck_parts(
+        self, depth: Tensor, slope_rows: Tensor, slopes: dict[str, Tensor]
+    ) -> Iterator[tuple[Tensor, bool, dict[str, Tensor]]]:
+        """The domains to recheck in chunks of the batch size, plain ones first: `(indices,
+        strong, slopes)`, the slopes of a chunk whose every domain has them (else `{}`)."""
         strong = self._strong(depth)
         for use_strong in (False, True):
             index = (strong == use_strong).nonzero().flatten()
@@ -189,8 +198,7 @@ class InputBounder:
                 given = {}
                 if bool((slope_rows[part] >= 0).all()):
                     given = {a: t[slope_rows[part]] for a, t in slopes.items()}
-                out[part] = self._call_bounds64(lower[part], upper[part], use_strong, given)
-        return out
+                yield part, use_strong, given
 
     def _call_bounds64(self, lower, upper, strong: bool, slopes: dict[str, Tensor]) -> Tensor:
         box = Interval(*(t.to(torch.float64).reshape(-1, *self.shape) for t in (lower, upper)))

@@ -278,19 +278,13 @@ class RecordingBounder(InputBounder):
         best = torch.empty(len(low64), self.check.spec.n_polytopes, dtype=torch.long,
                            device=rows.device)  # fmt: skip
         alphas: list[Tensor] = []
-        strong = self._strong(depth)
-        for use_strong in (False, True):
-            index = (strong == use_strong).nonzero().flatten()
-            for start in range(0, len(index), self.sizer.size):
-                part = index[start : start + self.sizer.size]
-                given = {}
-                if use_strong and bool((slope_rows[part] >= 0).all()):
-                    given = {a: t[slope_rows[part]] for a, t in slopes.items()}
-                rows[part], best[part], chosen = self.certify_rows(low64[part], up64[part], given)
-                if not alphas:
-                    alphas = [a.new_empty(len(low64), *a.shape[1:]) for a in chosen]
-                for whole, a in zip(alphas, chosen):
-                    whole[part] = a
+        for part, use_strong, given in self._recheck_parts(depth, slope_rows, slopes):
+            given = given if use_strong else {}
+            rows[part], best[part], chosen = self.certify_rows(low64[part], up64[part], given)
+            if not alphas:
+                alphas = [a.new_empty(len(low64), *a.shape[1:]) for a in chosen]
+            for whole, a in zip(alphas, chosen):
+                whole[part] = a
         self.certified = (low64, up64, rows, best, alphas)
         return rows
 
