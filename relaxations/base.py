@@ -28,7 +28,9 @@ It supplies
   (its pieces are ReLU's, `RELU_PIECES`: the MILP encodes it with one binary per neuron),
   `output_range` (None, or the function's exact range: intervals widened for rounding are
   clipped to it) and `rounding_ulps` (None: `bounds.rounding.DEFAULT_ULPS`; how far its
-  interval formulas may be from the exact values).
+  interval formulas may be from the exact values);
+- `attack_derivative(xh)`: None, or for a piecewise-constant function (derivative 0 almost
+  everywhere) the surrogate derivative attacks differentiate it with (`verify.attack_mode`).
 Relaxations register themselves with `relaxations.registry.register` (with their torch and
 ONNX spellings). This package imports nothing of ours, so `bounds` can build on it.
 """
@@ -132,6 +134,12 @@ class Traits:
         """Its pieces are ReLU's (`RELU_PIECES`), so the exact MILP may encode it with one
         binary per ambiguous neuron (big-M, Tjeng et al. 2019)."""
         return self.pieces == RELU_PIECES
+
+    def attack_derivative(self, xh: Tensor) -> Tensor | None:
+        """None: attacks use the function's own derivative. A piecewise-constant function
+        (derivative 0 almost everywhere) returns the surrogate derivative at `xh` that gradient
+        attacks pass through it instead (BPDA, Athalye et al. 2018, Sec. 4.1)."""
+        return None
 
 
 class Relaxation(Traits):

@@ -50,6 +50,10 @@ class FloorRelaxation(Relaxation):
     def __repr__(self) -> str:
         return "FloorRelaxation()"
 
+    def attack_derivative(self, xh: Tensor) -> Tensor:
+        """1: floor stays within 1 of the identity, whose derivative attacks use (BPDA)."""
+        return torch.ones_like(xh)
+
     def forward(self, xh: Tensor) -> Tensor:
         return torch.floor(xh)
 

@@ -61,6 +61,14 @@ class StepRelaxation(SideLines):
         level = torch.where(xh > 0, self.high, xh.new_full((), self.zero))
         return torch.where(xh < 0, self.low, level)
 
+    def attack_derivative(self, xh: Tensor) -> Tensor:
+        """`sech^2(xh / s)`, `s` half the standard deviation of `xh` over the tensor: the
+        derivative of a smoothed step (`tanh(xh / s)`), so the inputs near the jump, those an
+        attack can flip, carry the gradient, at any scale of `xh` (raw pixels or normalised)."""
+        scale = 0.5 * xh.detach().std() if xh.numel() > 1 else xh.new_ones(())
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.cosh(xh.detach() / scale).pow(-2)
+
     def interval(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
         """The exact range (sigma is monotone)."""
         return self.forward(lower), self.forward(upper)

@@ -6,7 +6,10 @@ polytopes `{y : A y <= b}`. The attack minimises the violation objective
     v(x) = min over polytopes p of max over the rows i of p of (A_i y - b_i),
 
 which is `<= 0` exactly at the violating points (Madry et al. 2018, PGD with signed steps and
-restarts). A point is reported only after a float64 forward pass confirms it (`validate`).
+restarts). The search evaluates it on the attack's view of the network (`verify.attack_mode`):
+piecewise-constant activations differentiated as the identity (BPDA), and a final softmax
+peeled off when every row compares two outputs. A point is reported only after a float64
+forward pass of the network itself confirms it (`validate`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from verify.attack_mode import attack_outputs
 from verify.property import Region
 from verify.specs import region_box, region_spec
 
@@ -44,6 +48,23 @@ class UnsafeSpec:
             torch.tensor(owner, dtype=torch.long, device=device),
             len(region.unsafe),
         )
+
+    def comparisons_only(self) -> bool:
+        """Whether every row compares two outputs, `c (y_j - y_k) <= 0` (two nonzeros of
+        opposite sign and one magnitude, bound 0): then each row's sign is that of the same
+        row on any order-preserving map of `y`, such as the logits of a final softmax
+        (`verify.attack_mode`)."""
+        if self.C.numel() == 0:
+            return False
+        nonzero = self.C != 0
+        pair = nonzero.sum(1) == 2
+        sums = self.C.sum(1)
+        return bool((pair & (sums == 0) & (self.b == 0)).all())
+
+    def value_tolerance(self) -> float:
+        """Points whose float32 `violation` is below this are worth validating in float64."""
+        scale = float(self.b.abs().max()) if self.b.numel() else 0.0
+        return 1e-4 * (1 + scale)
 
     def with_combinations(self, max_rows: int = 6) -> UnsafeSpec:
         """The same polytopes with redundant rows added: for each polytope of 2..max_rows rows
@@ -125,15 +146,20 @@ def validate(net: nn.Module, region: Region, x: Tensor) -> tuple[Tensor, Tensor]
 @dataclass(frozen=True)
 class AttackConfig:
     """restarts: random starts besides the centre and the given points; steps: PGD iterations;
-    step_fraction: first step as a fraction of the box width (halved on a cosine schedule);
+    step_fraction: first step as a fraction of the box width (halved on a cosine schedule),
+    for every third start; the others start at 3x and 9x it (clipped to the box: a far-away
+    unsafe set needs the long steps);
     max_corner_dims: the box's corners are starts too when it has at most this many inputs;
-    samples: uniform points evaluated once, the best `restarts` of them start PGD."""
+    samples: uniform points evaluated once, the best `restarts` of them start PGD;
+    targeted_runs: PGD runs one descent per start and unsafe polytope while that makes at most
+    this many runs, else one untargeted descent per start (`pgd`'s `targeted`)."""
 
     restarts: int = 32
     samples: int = 4096
     steps: int = 50
     step_fraction: float = 0.1
     max_corner_dims: int = 8
+    targeted_runs: int = 512
 
     def __post_init__(self) -> None:
         if min(self.restarts, self.steps, self.samples) < 0 or not self.step_fraction > 0:
@@ -155,30 +181,63 @@ def pgd(
     spec: UnsafeSpec,
     starts: Tensor,
     steps: int,
-    step_fraction: float = 0.1,
+    step_fraction: float | Tensor = 0.1,
     deadline: float | None = None,
+    targeted: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Signed-gradient descent from `starts [N, *shape]` inside the boxes `lower`/`upper`
-    (`[N, *shape]` or `[1, *shape]`), one run per start and unsafe polytope, each descending
-    its polytope's max-row objective. Returns per start the best point over its runs and its
-    value `v` `[N]` (`+inf` when there is no unsafe polytope). `deadline`
+    (`[N, *shape]` or `[1, *shape]`): `targeted`, one run per start and unsafe polytope, each
+    descending its polytope's max-row objective; else one run per start descending `v`, the
+    min over the polytopes (untargeted: the gradient follows the polytope nearest at each
+    step, a run per start instead of one per start and polytope). `step_fraction`: one for all
+    starts, or one per start `[N]`. Returns per start the best
+    point over its runs and its value `v` `[N]` (`+inf` when there is no unsafe polytope). `deadline`
     (`time.monotonic()`): no step starts once the next one, as long as the slower of the last
     two, would end past it (host clock; the starts themselves are always evaluated)."""
     n, n_poly = starts.shape[0], spec.n_polytopes
     if n_poly == 0:
         return starts.clone(), starts.new_full((n,), torch.inf)
+    if not targeted:
+        return _descend(net, lower, upper, spec, starts.detach(), None, steps, step_fraction,
+                        deadline)  # fmt: skip
     ones = [1] * (starts.dim() - 1)
+    if isinstance(step_fraction, Tensor):
+        step_fraction = step_fraction.repeat(n_poly)
     x = starts.detach().repeat(n_poly, *ones)
     lower, upper = (t.repeat(n_poly if len(t) == n else 1, *ones) for t in (lower, upper))
     target = torch.arange(n_poly, device=x.device).repeat_interleave(n)[:, None]
+    best_x, best_v = _descend(net, lower, upper, spec, x, target, steps, step_fraction, deadline)
+    best_v, which = best_v.reshape(n_poly, n).min(dim=0)
+    best_x = best_x.reshape(n_poly, n, *x.shape[1:])[which, torch.arange(n, device=x.device)]
+    return best_x, best_v
+
+
+def _descend(
+    net: nn.Module,
+    lower: Tensor,
+    upper: Tensor,
+    spec: UnsafeSpec,
+    x: Tensor,
+    target: Tensor | None,
+    steps: int,
+    step_fraction: float | Tensor,
+    deadline: float | None,
+) -> tuple[Tensor, Tensor]:
+    """`pgd`'s runs from `x [R, *shape]`: run `r` descends its polytope `target[r]`'s max-row
+    objective, or `v` (`target` None). Returns each run's best point and its `v` `[R]`."""
     best_x, best_v = x.clone(), x.new_full((len(x),), torch.inf)
+    peel = spec.comparisons_only()
+    if isinstance(step_fraction, Tensor):  # one per run: [R, 1, ...]
+        step_fraction = step_fraction.to(x.device, x.dtype).reshape(-1, *[1] * (x.dim() - 1))
     durations, last = [0.0], time.monotonic()
     for k in range(steps + 1):
         x.requires_grad_(True)
         with torch.enable_grad():
-            values = per_polytope(net(x), spec)
-            (grad,) = torch.autograd.grad(values.gather(1, target).sum(), x)
-        value = values.detach().min(dim=1).values
+            values = per_polytope(attack_outputs(net, x, peel), spec)
+            value = values.min(dim=1).values
+            objective = value if target is None else values.gather(1, target)
+            (grad,) = torch.autograd.grad(objective.sum(), x)
+        value = value.detach()
         better = value < best_v
         best_v = torch.where(better, value, best_v)
         best_x[better] = x.detach()[better]
@@ -191,8 +250,6 @@ def pgd(
         scale = step_fraction * 0.5 * (1 + np.cos(np.pi * k / max(steps, 1)))
         x = x.detach() - (scale + 1e-3) * (upper - lower) * grad.sign()
         x = torch.minimum(torch.maximum(x, lower), upper)
-    best_v, which = best_v.reshape(n_poly, n).min(dim=0)
-    best_x = best_x.reshape(n_poly, n, *x.shape[1:])[which, torch.arange(n, device=x.device)]
     return best_x, best_v
 
 
@@ -224,13 +281,14 @@ def best_samples(
     before the next chunk ends (predicted from the slowest chunk so far), the rest are not
     evaluated (a large network can take seconds per chunk)."""
     points = random_points(lower, upper, max(config.samples, config.restarts), generator)
-    values, slowest = [], 0.0
+    values, slowest, peel = [], 0.0, spec.comparisons_only()
     with torch.no_grad():
         for start in range(0, len(points), SAMPLE_CHUNK):
             if values and deadline is not None and time.monotonic() + slowest > deadline:
                 break
             tick = time.monotonic()
-            values.append(violation(net(points[start : start + SAMPLE_CHUNK]), spec))
+            y = attack_outputs(net, points[start : start + SAMPLE_CHUNK], peel)
+            values.append(violation(y, spec))
             slowest = max(slowest, time.monotonic() - tick)
     found = torch.cat(values)
     return points[: len(found)][found.argsort()[: config.restarts]]
@@ -255,8 +313,9 @@ def find_counterexample(
     """A validated counterexample `x [n_in]` (float64, inside the box) of the region, or None;
     `validate(net, region, x)` gives `(x, y)`.
 
-    PGD from the box centre, `extra_points [k, *input_shape]` and the `config.restarts` best
-    of the uniform samples; the best point is confirmed by `validate`. `deadline`
+    PGD from the box centre (three runs, one per step length), `extra_points [k,
+    *input_shape]` and the `config.restarts` best of the uniform samples; the best points of
+    float32 value within `UnsafeSpec.value_tolerance` are confirmed by `validate`. `deadline`
     (`time.monotonic()`): sampling stops after a quarter of the time left, PGD early enough to
     end by then (see `best_samples`, `pgd`).
     """
@@ -272,16 +331,20 @@ def find_counterexample(
     now = time.monotonic()
     sample_deadline = None if deadline is None else now + max(0.0, deadline - now) / 4
     sampled = best_samples(net, lower, upper, spec, config, generator, sample_deadline)
-    starts = [(lower + upper) / 2, sampled]
+    starts = [((lower + upper) / 2).repeat(3, *[1] * (lower.dim() - 1)), sampled]  # 3 steps
     if lower.numel() <= config.max_corner_dims:
         starts.append(corners(lower, upper))
     if extra_points is not None:
         extra = extra_points.to(param.device, param.dtype).reshape(-1, *shape)
         starts.append(torch.minimum(torch.maximum(extra, lower), upper))
-    points, values = pgd(
-        net, lower, upper, spec, torch.cat(starts), config.steps, config.step_fraction, deadline
-    )
+    starts = torch.cat(starts)
+    targeted = len(starts) * spec.n_polytopes <= config.targeted_runs
+    fractions = config.step_fraction * torch.tensor([1.0, 3.0, 9.0]).repeat(len(starts))
+    points, values = pgd(net, lower, upper, spec, starts, config.steps, fractions[: len(starts)],
+                         deadline, targeted)  # fmt: skip
     for i in values.argsort()[:4].tolist():
+        if values[i] > spec.value_tolerance():  # sorted: the rest are further away
+            break
         found = validate(net, region, points[i : i + 1])
         if found is not None:
             return found[0]

@@ -46,6 +46,7 @@ from verify.io.vnnlib_load import load_vnnlib
 from verify.product import Product, is_several, product_network
 from verify.property import Region, VnnlibProperty
 from verify.result import VerificationResult
+from verify.screen import screen
 
 
 def _load(net: nn.Module | str | os.PathLike | Sequence, spec) -> tuple[nn.Module, VnnlibProperty]:
@@ -130,10 +131,10 @@ def region_solver(workers: int, ray_address: str | None) -> Callable[..., Region
     return ShardedSolver(workers, ray_address)
 
 
-def _attack_all(net, spec: VnnlibProperty, config: AttackConfig, seed: int, deadline: float):
-    """A validated `(x, y)` from a PGD attack on any region, or None (also once the deadline
-    has passed)."""
-    for region in spec.regions:
+def _attack_all(net, regions: list[Region], config: AttackConfig, seed: int, deadline: float):
+    """A validated `(x, y)` from a PGD attack on any of the regions, or None (also once the
+    deadline has passed)."""
+    for region in regions:
         if time.monotonic() >= deadline:
             return None
         x = find_counterexample(net, region, config=config, seed=seed, deadline=deadline)
@@ -206,8 +207,10 @@ def verify(
 
 
 def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config: BabConfig,
-         seed: int) -> VerificationResult:  # fmt: skip
-    """The attack, then `solve` on each region, within `seconds` (`verify`)."""
+         seed: int, screened: bool = True) -> VerificationResult:  # fmt: skip
+    """The attack, then `solve` on each region, within `seconds` (`verify`). `screened`: a
+    property of several regions first drops those one batched float64 CROWN bound proves
+    (`verify.screen`; not in certificate mode, where every region needs its leaves)."""
     start = time.monotonic()
     deadline = start + seconds
     stats: dict[str, Any] = {"regions": []}
@@ -218,9 +221,13 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
         check_sizes(net, spec)
         n_outputs = spec.n_outputs
         net, spec = with_input_rows(net, spec)
-        found = _attack_all(net, spec, config.attack, seed, deadline)
+        regions = list(spec.regions)
+        if screened and len(regions) > 1:
+            regions = screen(build_graph(net, input_shape(net, regions[0])), regions, deadline)
+            stats["screened"] = len(spec.regions) - len(regions)
+        found = _attack_all(net, regions, config.attack, seed, deadline)
         status = "sat" if found is not None else "unsat"
-        for region in spec.regions if found is None else ():
+        for region in regions if found is None else ():
             if time.monotonic() >= deadline:
                 status = "timeout"
                 break
@@ -257,7 +264,7 @@ def _verify_certified(
     check_sizes(net, loaded)
     writer = CertificateWriter(path, *hashes)
     mode, config, solve = _certified_solver(net, loaded, writer, config)
-    result = _run(net, loaded, solve, seconds, config, seed)
+    result = _run(net, loaded, solve, seconds, config, seed, screened=False)
     if result.status == "sat" and result.counterexample is not None:
         x = result.counterexample[0].detach().double().cpu().numpy().reshape(-1)
         k = next((k for k, r in enumerate(loaded.regions)

@@ -164,9 +164,10 @@ CASES: dict[str, Case] = {
     # ----------------------------------------------------------------------------- blow-ups
     "dnf_blow_up": Case(file(BLOW_UP), 18, f"more than {MAX_TERMS} terms"),
     "disjunction_too_long": Case(
-        file(DECLS + BOX + "(assert (or\n" + "(<= Y_0 0)" * (MAX_TERMS + 1) + "))"),
+        file(DECLS + BOX + "(assert (or\n" + "(<= Y_0 0)" * 101 + "))"),
         5,
-        "disjunction has",
+        "disjunction has 101 terms",
+        (("MAX_DISJUNCTION", 100),),
     ),
     "too_many_steps": Case(
         file(DECLS + BOX + "(assert (<= (+ Y_0 Y_0 Y_0 Y_0 Y_0 Y_0) 1))\n"),

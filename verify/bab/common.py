@@ -42,6 +42,18 @@ class Float64Settings(Protocol):
 
     float64_recheck: bool
     prune_tol: float
+    recheck_tol: float
+
+
+def prune_tolerance(config: Float64Settings, b: Tensor) -> Tensor:
+    """The margin per row `[m]` a bound must exceed to prune a domain (rows `C y <= b`): with
+    closing bounds rechecked in float64, `recheck_tol * (1 + |b|)` (default 0: that recheck
+    carries its own rounding, so any positive margin is a proof, and a float32 margin it does
+    not confirm only costs the recheck; certificates keep a margin for their checker), else
+    `prune_tol * (1 + |b|)`, a cushion for the float32 search's rounding."""
+    if config.float64_recheck:
+        return config.recheck_tol * (1 + b.abs())
+    return config.prune_tol * (1 + b.abs())
 
 
 class DeadlineReachedError(Exception):
@@ -219,7 +231,7 @@ class Float64Check:
         self.graph = graph.to(torch.float64, like.device) if self.active else graph
         spec = UnsafeSpec.of(region, dtype, like.device)
         self.spec = spec.with_combinations() if combine else spec
-        self.tol = config.prune_tol * (1 + self.spec.b.abs())
+        self.tol = prune_tolerance(config, self.spec.b)
         self.stats = stats
         stats |= {"rechecked": 0, "recheck_failed": 0, "recheck_seconds": 0.0}
 

@@ -113,10 +113,15 @@ class BabConfig:
     nearly prunes one half); attack_every: seconds between PGD runs on the attack_domains
     worst open domains; corner_domains: open domains whose corners are tried (inputs of at most
     6 dimensions); max_domains: open domains beyond which the answer is "unknown";
-    prune_tol: a domain is pruned when its margin exceeds prune_tol * (1 + |b|) (rounding);
+    prune_tol: without the float64 recheck, a domain is pruned when its margin exceeds
+    prune_tol * (1 + |b|) (rounding); with it, when the recheck's margin exceeds recheck_tol *
+    (1 + |b|) (0: any margin > 0 that sound bound gives; `common.prune_tolerance`);
     float64_recheck: closing bounds are evaluated again in float64, their rounding tracked,
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
-    domain that holds a counterexample; see `common.Float64Check`). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
+    domain that holds a counterexample; see `common.Float64Check`); root_slack: input splitting
+    bounds the region's box in float64 too when its float32 margin falls short of closing by
+    less than root_slack * (1 + |b|) (float32 can miss a margin of 1e-6 that float64 proves;
+    0: off). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
     inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
     are input-splitting settings; the rest is shared); combine_rows: input splitting also
@@ -141,6 +146,8 @@ class BabConfig:
     max_domains: int = 2_000_000
     prune_tol: float = 1e-5
     float64_recheck: bool = True
+    recheck_tol: float = 0.0
+    root_slack: float = 1e-3
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
@@ -154,7 +161,7 @@ class BabConfig:
             raise ValueError(f"need trial_dims >= 1 and trial_score in {sorted(TRIAL_SCORES)}")
         if not 1 <= self.min_batch <= self.batch_size <= self.max_batch:
             raise ValueError("need 1 <= min_batch <= batch_size <= max_batch")
-        if self.strong_depth < 0 or self.attack_every < 0 or self.prune_tol < 0:
-            raise ValueError("strong_depth, attack_every and prune_tol must be >= 0")
+        if min(self.strong_depth, self.attack_every, self.prune_tol, self.recheck_tol) < 0:
+            raise ValueError("strong_depth, attack_every, prune_tol and recheck_tol must be >= 0")
         if self.splitting not in SPLITTINGS:
             raise ValueError(f"splitting must be one of {SPLITTINGS}, got {self.splitting!r}")

@@ -51,8 +51,7 @@ class Counterexamples:
     @staticmethod
     def value_tolerance(spec: UnsafeSpec) -> float:
         """Points whose float32 `violation` is below this are re-checked in float64."""
-        scale = float(spec.b.abs().max()) if spec.b.numel() else 0.0
-        return 1e-4 * (1 + scale)
+        return spec.value_tolerance()
 
     def violations(self, points: Tensor) -> Tensor:
         """`violation` of the network's outputs at `points` (any leading shape, flattened)."""

@@ -7,7 +7,7 @@ regions by their input boxes (:func:`group_regions`). `verify.io.vnnlib_load.loa
 the reader of a file (:func:`is_vnnlib2`).
 
 The limits against hostile files (:data:`MAX_BYTES`, :data:`MAX_DEPTH`, :data:`MAX_TERMS`,
-:data:`MAX_STEPS`, :data:`MAX_ENTRIES`) live here and are read at each use.
+:data:`MAX_DISJUNCTION`, :data:`MAX_STEPS`, :data:`MAX_ENTRIES`) live here and are read at each use.
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ from verify.errors import SpecificationError
 from verify.property import Polytope, Region
 
 MAX_TERMS = 10_000
-"""Largest number of DNF terms we expand to before raising (guards the cartesian product)."""
+"""Largest number of DNF terms an AND of disjunctions expands to before raising (guards the
+cartesian product)."""
+MAX_DISJUNCTION = 250_000
+"""Largest number of terms an OR lists (each written in the file: VNN-COMP's nn4sys has
+120,000; the file's size bounds it too)."""
 MAX_BYTES = 128 * 2**20
 """Largest file (and decompressed text) we read, in bytes (characters for :func:`parse_vnnlib`)."""
 MAX_STEPS = 10_000_000
@@ -190,8 +194,8 @@ def conjoin(ctx: Context, parts: list[Dnf], line: int) -> Dnf:
 def disjoin(ctx: Context, parts: list[Dnf], line: int) -> Dnf:
     """OR of several DNFs: their terms in order (the longest list is extended in place)."""
     total = sum(map(len, parts))
-    if total > MAX_TERMS:
-        raise ctx.error(f"disjunction has {total} terms (> {MAX_TERMS})", line)
+    if total > MAX_DISJUNCTION:
+        raise ctx.error(f"disjunction has {total} terms (> {MAX_DISJUNCTION})", line)
     big = max(range(len(parts)), key=lambda k: len(parts[k]))
     terms = parts[big]
     ctx.spend(total - len(terms), line)

@@ -54,7 +54,8 @@ def relu_certificate_config(config: BabConfig) -> BabConfig:
     """`config` for certificate mode with ReLU splitting (module docstring)."""
     relu = replace(config.relu, intermediate_iterations=0, root_intermediate="alpha-crown",
                    prox_iterations=0)  # fmt: skip
-    return replace(config, splitting="relu", float64_recheck=True, relu=relu)
+    return replace(config, splitting="relu", float64_recheck=True, relu=relu,
+                   recheck_tol=config.prune_tol)  # fmt: skip
 
 
 def chain_layers(graph: Graph) -> list[Layer]:

@@ -21,7 +21,7 @@ from torch import nn
 from bounds.graph.graph import Graph, build_graph
 from bounds.types import Interval
 from verify.attack import UnsafeSpec, pgd
-from verify.bab.common import BatchSizer, Float64Check, Found, outward_box
+from verify.bab.common import BatchSizer, Float64Check, Found, outward_box, prune_tolerance
 from verify.bab.config import BabConfig
 from verify.bab.protocols import Children
 from verify.bab.relu.bounder import ReluBounder
@@ -95,7 +95,7 @@ class ReluBab(Search):
         dtype64 = check.spec.C.dtype  # float64, or the network's when no recheck
         box64 = Interval(box.lower.to(dtype64), box.upper.to(dtype64))
         self.spec = UnsafeSpec.of(region, self.dtype, self.device)
-        tol = config.prune_tol * (1 + self.spec.b.abs())  # per row
+        tol = prune_tolerance(config, self.spec.b)  # per row
         layout = Layout.of(graph, graph.split_pairs())
         clock, sizer = Clock(), BatchSizer(config)
         self.target = Target(graph, layout, box, box64, self.spec, polytope_rows(self.spec), tol,
