@@ -21,12 +21,16 @@ class Polytope:
     """The set ``{y : A y + A_x x <= b}`` (``A_x x`` only when some row mixes inputs and outputs).
 
     Shapes: ``A`` ``[m, n_outputs]``, ``b`` ``[m]``, ``A_x`` ``[m, n_inputs]`` or ``None``.
-    ``m == 0`` is the whole output space. Arrays are float64 and read-only.
+    ``m == 0`` is the whole output space. Arrays are float64 and read-only. ``strict``
+    (``[m]`` bool, or None: none): rows that hold with ``<`` (an ArgMax's tie rule,
+    `verify.argmax_output`); bounds use the closure (a superset), ``contains`` the rows as
+    stated.
     """
 
     A: np.ndarray
     b: np.ndarray
     A_x: np.ndarray | None = None
+    strict: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "A", _readonly(self.A))
@@ -37,14 +41,23 @@ class Polytope:
             object.__setattr__(self, "A_x", _readonly(self.A_x))
             if self.A_x.ndim != 2 or self.A_x.shape[0] != self.A.shape[0]:
                 raise ShapeMismatchError(f"Polytope: A_x {self.A_x.shape} vs A {self.A.shape}")
+        if self.strict is not None:
+            strict = np.array(self.strict, dtype=bool)
+            strict.setflags(write=False)
+            object.__setattr__(self, "strict", strict)
+            if strict.shape != self.b.shape:
+                raise ShapeMismatchError(f"Polytope: strict {strict.shape} vs b {self.b.shape}")
 
     def contains(self, y: np.ndarray, x: np.ndarray | None = None, tol: float = 0.0) -> bool:
-        """Whether ``A y + A_x x <= b + tol`` (``x`` [n_inputs] is needed iff ``A_x`` is set)."""
+        """Whether ``A y + A_x x <= b + tol``, ``<`` on the strict rows (``x`` [n_inputs] is
+        needed iff ``A_x`` is set)."""
         lhs = self.A @ np.asarray(y, dtype=np.float64)
         if self.A_x is not None:
             if x is None:
                 raise ShapeMismatchError("Polytope.contains: this polytope needs the input x")
             lhs = lhs + self.A_x @ np.asarray(x, dtype=np.float64)
+        if self.strict is not None and np.any(lhs[self.strict] >= self.b[self.strict] + tol):
+            return False
         return bool(np.all(lhs <= self.b + tol))
 
 

@@ -27,6 +27,9 @@ from torch import nn
 
 from bounds.errors import InvalidLimitError, ShapeMismatchError
 from bounds.graph.graph import build_graph
+from verify.argmax_output import ArgOutput
+from verify.argmax_output import indices as argmax_indices
+from verify.argmax_output import rewrite as rewrite_argmax
 from verify.attack import AttackConfig, find_counterexample, validate
 from verify.bab import BabConfig, input_shape, solve_region, splitting_mode
 from verify.bab.common import RegionOutcome
@@ -62,6 +65,9 @@ def _load(net: nn.Module | str | os.PathLike | Sequence, spec) -> tuple[nn.Modul
         return product_network(nets, spec), spec
     if isinstance(net, (str, os.PathLike)):
         net = load_onnx(net)
+    arg = getattr(net, "argmax_output", None)
+    if isinstance(arg, ArgOutput):  # a final ArgMax: the property restated on its logits
+        spec = rewrite_argmax(spec, arg)
     return net, spec
 
 
@@ -217,6 +223,7 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
     status, found = "unknown", None
     try:
         net, spec = _load(net, spec)
+        arg = getattr(net, "argmax_output", None)
         net = evaluation_mode(net)
         check_sizes(net, spec)
         n_outputs = spec.n_outputs
@@ -238,6 +245,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
                 break
         if spec.n_outputs != n_outputs:
             found = strip_inputs(found, n_outputs)
+        if found is not None and isinstance(arg, ArgOutput):  # report the indices
+            found = (found[0], argmax_indices(found[1], arg))
     except KeyboardInterrupt:
         status, found = "unknown", None
         stats["interrupted"] = True
@@ -260,6 +269,8 @@ def _verify_certified(
     net, loaded = _load(net, spec)
     if any(p.A_x is not None for r in loaded.regions for p in r.unsafe):
         raise CertificateUnsupportedError("certificates of properties with input rows (A_x)")
+    if isinstance(getattr(net, "argmax_output", None), ArgOutput):
+        raise CertificateUnsupportedError("certificates of networks ending in ArgMax / ArgMin")
     net = evaluation_mode(net)
     check_sizes(net, loaded)
     writer = CertificateWriter(path, *hashes)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from verify.argmax_output import rewrite as rewrite_argmax
 from verify.certificate.store import sha256_file
 from verify.cli.options import check_output_file, load_networks, network_paths, resolve
 from verify.io.vnnlib_load import load_vnnlib
@@ -59,7 +60,8 @@ def prepare(args: argparse.Namespace) -> None:
     check_output_file(args.cache / CACHE_NAME, "--cache")
     prop = load_vnnlib(prop_path)
     net = load_networks(networks, "cpu", prop)
-    check_sizes(net, prop)
+    arg = getattr(net, "argmax_output", None)
+    check_sizes(net, prop if arg is None else rewrite_argmax(prop, arg))
     payload = {"network_sha256": _hash(networks), "property_sha256": sha256_file(prop_path),
                "network": net, "property": prop}  # fmt: skip
     fd, tmp = tempfile.mkstemp(dir=args.cache, suffix=".part")

@@ -51,6 +51,7 @@ from bounds.errors import (
     UnsupportedOperationError,
     VerificationInputError,
 )
+from verify.argmax_output import ArgOutput
 from verify.errors import SpecificationError
 from verify.io.onnx_builder import GraphBuilder, Traced
 from verify.io.onnx_checks import MAX_ELEMENTS, nonfinite_where, unsupported
@@ -87,6 +88,9 @@ def load_onnx(path: str | os.PathLike[str]) -> fx.GraphModule:
 
     The module maps `(N, *input_shape)` to `(N, *output_shape)`. Attributes set on it:
     `input_shape` and `output_shape` (tuples without the batch dimension) and `source_path`.
+    A network ending in ArgMax / ArgMin over activations stops before it: the module computes
+    its input (the logits), and `argmax_output` (`verify.argmax_output.ArgOutput`) says how
+    properties on the indices are restated on them (`verify.verify` does so).
 
     Raises `SpecificationError` for unreadable or malformed files, `InvalidNetworkError` for
     NaN/Inf or non-float weights and malformed graphs, `ShapeMismatchError` for weights that do
@@ -307,6 +311,12 @@ def _convert_node(b: GraphBuilder, node: onnx.NodeProto, path: str) -> None:
         foldable = True
     if foldable:
         results = [_fold(node, inputs, path)]
+    elif node.op_type in ("ArgMax", "ArgMin"):
+        raise unsupported(
+            node,
+            "of activations is read only as the network's last operation "
+            "(its property is then restated on the input: verify.argmax_output)",
+        )
     elif node.op_type in HANDLERS:
         results = _translate(b, node, inputs, path)
     else:
@@ -380,7 +390,12 @@ def _convert(model: onnx.ModelProto, network_input: tuple, path: str) -> fx.Grap
         b.env[input_name] = b.placeholder(input_name, input_shape, batched)
     else:
         _split_inputs(b, network_input)
+    last, arg = _terminal_arg(graph, b), None
     for node in graph.node:
+        if node is last and isinstance(b.env.get(node.input[0]), Traced):
+            arg = _arg_output(b.env[node.input[0]], node)
+            b.env[node.output[0]] = b.env[node.input[0]]  # the logits: `rewrite` does the rest
+            continue
         _convert_node(b, node, path)
     out = _output(b, [b.env[o.name] for o in graph.output], path)
     b.graph.output(out.node)
@@ -389,7 +404,34 @@ def _convert(model: onnx.ModelProto, network_input: tuple, path: str) -> fx.Grap
     module.eval().requires_grad_(False)
     module.input_shape = tuple(b.input.example.shape[1:])
     module.output_shape = tuple(out.example.shape[1:])
+    if arg is not None:
+        module.argmax_output = arg
     return module
+
+
+def _terminal_arg(graph: onnx.GraphProto, b: GraphBuilder) -> onnx.NodeProto | None:
+    """The ArgMax / ArgMin computing the graph's only output, used by no other node."""
+    if len(graph.output) != 1 or b.uses.get(graph.output[0].name, 0) != 1:
+        return None
+    for node in graph.node:
+        if node.op_type in ("ArgMax", "ArgMin") and node.output[0] == graph.output[0].name:
+            return node
+    return None
+
+
+def _arg_output(x: Traced, node: onnx.NodeProto) -> ArgOutput:
+    """The final ArgMax / ArgMin `node` over the activation `x` (`verify.argmax_output`)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    rank = len(x.shape)
+    axis = int(attrs.get("axis", 0))
+    if not -rank <= axis < rank:
+        raise InvalidNetworkError(f"{describe(node)}: axis {axis} outside rank {rank}")
+    torch_axis = x.axis(axis % rank)
+    if torch_axis == 0:
+        raise unsupported(node, "over the batch axis")
+    return ArgOutput(node.op_type, torch_axis - 1, tuple(x.example.shape[1:]),
+                     bool(attrs.get("keepdims", 1)), bool(attrs.get("select_last_index", 0)),
+                     describe(node))  # fmt: skip
 
 
 def _split_inputs(b: GraphBuilder, inputs: list[tuple]) -> None:
