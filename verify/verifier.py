@@ -45,6 +45,7 @@ from verify.distributed.shards import ShardedSolver
 from verify.errors import CertificateUnsupportedError
 from verify.input_rows import strip_inputs, with_input_rows
 from verify.io.onnx_loader import load_onnx
+from verify.io.vnnlib_common import ParseDeadlineError
 from verify.io.vnnlib_load import load_vnnlib
 from verify.product import Product, is_several, product_network
 from verify.property import Region, VnnlibProperty
@@ -52,11 +53,13 @@ from verify.result import VerificationResult
 from verify.screen import screen
 
 
-def _load(net: nn.Module | str | os.PathLike | Sequence, spec) -> tuple[nn.Module, VnnlibProperty]:
+def _load(net: nn.Module | str | os.PathLike | Sequence, spec,
+          deadline: float | None = None) -> tuple[nn.Module, VnnlibProperty]:  # fmt: skip
     """The network (a property over several networks: the product of one model or path per
-    declared network, `verify.product`) and the property."""
+    declared network, `verify.product`) and the property (read by `deadline`, else
+    `ParseDeadlineError`)."""
     if isinstance(spec, (str, os.PathLike)):
-        spec = load_vnnlib(spec)
+        spec = load_vnnlib(spec, deadline=deadline)
     if not isinstance(spec, VnnlibProperty):
         raise TypeError(f"spec must be a VnnlibProperty or a path, got {type(spec).__name__}")
     if is_several(net) or (spec.networks and not isinstance(net, Product)):
@@ -222,7 +225,7 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
     stats: dict[str, Any] = {"regions": []}
     status, found = "unknown", None
     try:
-        net, spec = _load(net, spec)
+        net, spec = _load(net, spec, deadline)
         arg = getattr(net, "argmax_output", None)
         net = evaluation_mode(net)
         check_sizes(net, spec)
@@ -250,6 +253,8 @@ def _run(net, spec, solve: Callable[..., RegionOutcome], seconds: float, config:
     except KeyboardInterrupt:
         status, found = "unknown", None
         stats["interrupted"] = True
+    except ParseDeadlineError:  # the property took longer to read than the time limit
+        status, found = "timeout", None
     except NotImplementedError as error:
         status, found = "unknown", None
         stats["error"] = str(error)

@@ -104,15 +104,18 @@ class _Frame:
         self.kind, self.line, self.head, self.values = kind, line, None, []
 
 
-def parse_vnnlib(text: str, path: str = "<string>") -> VnnlibProperty:
-    """Parse VNN-LIB 1.0 text; ``path`` is only used in error messages and the result."""
+def parse_vnnlib(
+    text: str, path: str = "<string>", deadline: float | None = None
+) -> VnnlibProperty:
+    """Parse VNN-LIB 1.0 text; ``path`` is only used in error messages and the result.
+    ``deadline`` (``time.monotonic()``): `ParseDeadlineError` once it passes while reading."""
     if not isinstance(text, str):
         raise SpecificationError(f"expected text (str), got {type(text).__name__}", path=path)
     check_length(text, path)
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise SpecificationError("empty specification (no declarations, no assertions)", path)
-    ctx, last_line = Context(path), line_count(text)
+    ctx, last_line = Context(path, deadline=deadline), line_count(text)
     dnfs = _read_asserts(ctx, text)
     n_inputs, n_outputs = _check_declarations(ctx, last_line)
     common, terms = dnf_terms(ctx, dnfs, last_line)
@@ -145,6 +148,7 @@ def _read_asserts(ctx: Context, text: str) -> list[Dnf]:
     """
     stack = [_Frame("top", 0)]
     for number, line in enumerate(_lines(text), start=1):
+        ctx.check_time(number)  # each line (one may hold a whole region)
         for tok in _TOKEN.findall(line):
             if tok == "(":
                 ctx.nest(len(stack), number)

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import stat
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,12 +70,23 @@ Term = tuple
 Dnf = list
 
 
+class ParseDeadlineError(TimeoutError):
+    """The deadline given to a reader passed while it read (the file is not at fault)."""
+
+
 @dataclass
 class Context:
     path: str
     decls: dict[tuple[str, int], int] = field(default_factory=dict)  # variable -> its line
     names: dict[str, tuple[str, int]] = field(default_factory=dict)  # "X_3" -> ("X", 3)
     steps: int = 0
+    deadline: float | None = None  # time.monotonic(); None: no limit
+
+    def check_time(self, line: int | None) -> None:
+        """`ParseDeadlineError` once the deadline has passed (callers check every so often:
+        a large file can take longer to read than its instance's time limit)."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise ParseDeadlineError(f"{self.path}: time limit reached while reading (line {line})")
 
     def error(self, message: str, line: int | None) -> SpecificationError:
         return SpecificationError(message, path=self.path, line=line)
@@ -320,7 +332,9 @@ def group_regions(
     base_rows = [con for con in common if not _is_bound(con)]
     groups: dict[bytes, tuple[np.ndarray, np.ndarray, list[Polytope]]] = {}
     entries = 0
-    for term in terms:
+    for k, term in enumerate(terms):
+        if k % 256 == 0:
+            ctx.check_time(last_line)
         lower, upper = base_lower.copy(), base_upper.copy()
         _tighten(ctx, term, lower, upper, name)
         _check_box(ctx, lower, upper, name, missing_line)

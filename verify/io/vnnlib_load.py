@@ -12,12 +12,13 @@ from verify.io.vnnlib_common import is_vnnlib2, read_text
 from verify.property import VnnlibProperty
 
 
-def load_vnnlib(path: str | os.PathLike) -> VnnlibProperty:
-    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``)."""
+def load_vnnlib(path: str | os.PathLike, deadline: float | None = None) -> VnnlibProperty:
+    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``).
+    ``deadline`` (``time.monotonic()``, 1.0 files): `ParseDeadlineError` once it passes."""
     name, text = read_text(path)
     if is_vnnlib2(text):
         return parse_vnnlib2(text, path=name)
-    return parse_vnnlib(text, path=name)
+    return parse_vnnlib(text, path=name, deadline=deadline)
 
 
 __all__ = ["load_vnnlib"]

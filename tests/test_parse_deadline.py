@@ -1,0 +1,45 @@
+"""Reading a property counts against the time limit: a file that takes longer to read than the
+limit ends in "timeout" within the limit (1 s, or 5%), not after the parse."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import verify
+from verify.io.vnnlib import parse_vnnlib
+from verify.io.vnnlib_common import ParseDeadlineError
+
+
+def many_regions(n_regions: int, n_inputs: int = 40) -> str:
+    """A disjunction of `n_regions` boxes (one per line, as VNN-COMP's nn4sys writes them)."""
+    decls = "".join(f"(declare-const X_{i} Real)\n" for i in range(n_inputs))
+    decls += "(declare-const Y_0 Real)\n"
+    terms = []
+    for r in range(n_regions):
+        box = " ".join(f"(>= X_{i} {r}.0) (<= X_{i} {r}.5)" for i in range(n_inputs))
+        terms.append(f"  (and {box} (<= Y_0 -1000.0))\n")
+    return decls + "(assert (or\n" + "".join(terms) + "))\n"
+
+
+def test_the_reader_stops_at_its_deadline():
+    text = many_regions(3000)
+    start = time.monotonic()
+    with pytest.raises(ParseDeadlineError, match="time limit reached while reading"):
+        parse_vnnlib(text, "big.vnnlib", deadline=start + 0.3)
+    assert time.monotonic() - start < 1.3
+    assert len(parse_vnnlib(many_regions(3)).regions) == 3  # no deadline: read whole
+
+
+def test_verify_answers_timeout_within_the_limit_while_reading(tmp_path: Path):
+    path = tmp_path / "big.vnnlib"
+    path.write_text(many_regions(6000))
+    net = nn.Sequential(nn.Linear(40, 8), nn.ReLU(), nn.Linear(8, 1))
+    torch.manual_seed(0)
+    start = time.monotonic()
+    result = verify.verify(net, path, timeout=0.5)
+    assert result.status == "timeout" and time.monotonic() - start < 1.5
