@@ -63,6 +63,9 @@ from verify.property import Polytope, Region, VnnlibProperty
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _TOKEN = re.compile(r"\(|\)|[^\s();]+")
+_FAST_TOKEN = re.compile(r"\(\s*(<=|>=)\s+([^\s();]+)\s+([^\s();]+)\s*\)|\(|\)|[^\s();]+")
+FAST_COMPARISONS = True
+"""Read `(<= V c)` and `(>= V c)` in one step (`_bound`); False: token by token (tests)."""
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _NOT_FINITE = ("nan", "inf", "infinity")
 _IDENT = re.compile(r"[A-Za-z_][\w.!?$%&*+<=>@^~-]*")
@@ -147,23 +150,55 @@ def _read_asserts(ctx: Context, text: str) -> list[Dnf]:
     formula, a ``_Linear`` for a term) when its ``)`` is read, so no syntax tree is kept.
     """
     stack = [_Frame("top", 0)]
+    pattern = _FAST_TOKEN if FAST_COMPARISONS else _TOKEN
     for number, line in enumerate(_lines(text), start=1):
         ctx.check_time(number)  # each line (one may hold a whole region)
-        for tok in _TOKEN.findall(line):
-            if tok == "(":
-                ctx.nest(len(stack), number)
-                stack.append(_open(ctx, stack[-1], number))
-            elif tok == ")":
-                if len(stack) == 1:
-                    raise ctx.error("unbalanced ')'", number)
-                value = _close(ctx, stack.pop())
-                if value is not None:
-                    stack[-1].values.append(value)
-            else:
-                _atom(ctx, stack[-1], _Atom(tok, number))
+        for match in pattern.finditer(line):
+            if match.lastindex and _bound(ctx, stack, match, number):
+                continue
+            for tok in _TOKEN.findall(match.group(0)) if match.lastindex else (match.group(0),):
+                _token(ctx, stack, tok, number)
     if len(stack) > 1:
         raise ctx.error("unclosed '('", stack[-1].line)
     return stack[0].values
+
+
+def _token(ctx: Context, stack: list[_Frame], tok: str, number: int) -> None:
+    """One token read on line `number`: opens or closes a list, or is an atom of the top one."""
+    if tok == "(":
+        ctx.nest(len(stack), number)
+        stack.append(_open(ctx, stack[-1], number))
+    elif tok == ")":
+        if len(stack) == 1:
+            raise ctx.error("unbalanced ')'", number)
+        value = _close(ctx, stack.pop())
+        if value is not None:
+            stack[-1].values.append(value)
+    else:
+        _atom(ctx, stack[-1], _Atom(tok, number))
+
+
+def _bound(ctx: Context, stack: list[_Frame], match: re.Match, number: int) -> bool:
+    """The fast path of `(<= V c)` / `(>= V c)`, a declared variable and a finite number, as
+    an argument of `and` / `or` / `assert` (most of a large file): its DNF, the same
+    `Constraint` the general path builds (`_comparison`), without a frame. False (nothing
+    done) for any other form: the general path then reads the same text, with its errors."""
+    parent = stack[-1]
+    head = parent.head.text if parent.kind == "formula" and parent.head else None
+    if head not in ("and", "or") and not (head == "assert" and not parent.values):
+        return False
+    op, name, number_text = match.group(1), match.group(2), match.group(3)
+    var = ctx.names.get(name)
+    if var is None or not _NUMBER.fullmatch(number_text):
+        return False
+    value = float(number_text)
+    if not math.isfinite(value):
+        return False
+    ctx.nest(len(stack), number)
+    const = 0.0 + -1.0 * value  # left - right, as `_comparison` computes it
+    sign = 1.0 if op == "<=" else -1.0
+    parent.values.append([(Constraint({var: sign * 1.0}, 0.0 - sign * const + 0.0, number),)])
+    return True
 
 
 def _open(ctx: Context, parent: _Frame, line: int) -> _Frame:
