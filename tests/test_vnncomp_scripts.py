@@ -108,3 +108,36 @@ def test_install_tool_runs_the_readmes_first_command() -> None:
     readme = (ROOT / "README.md").read_text()
     first = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).strip()
     assert first in (SCRIPTS / "install_tool.sh").read_text()
+
+
+def test_two_networks_given_relative_to_the_callers_folder(tmp_path: Path) -> None:
+    """VNN-COMP 2026's `"a.onnx;b.onnx"` first column, relative paths: each network is found
+    (the scripts change folder), and a network equivalent to its copy is proven so."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    for name in ("a", "b"):
+        torch.onnx.export(net, (torch.zeros(1, 3),), str(tmp_path / f"{name}.onnx"),
+                          dynamo=False, opset_version=13)  # fmt: skip
+    lines = ["(vnnlib-version <2.0>)",
+             "(declare-network a (declare-input X Real [3]) (declare-output Y Real [2]))",
+             "(declare-network b (equal-to a) (declare-input Z Real [3]) "
+             "(declare-output W Real [2]))"]  # fmt: skip
+    lines += [f"(assert (>= X[{i}] 0.0))\n(assert (<= X[{i}] 1.0))" for i in range(3)]
+    lines.append("(assert (or (>= (- Y[0] W[0]) 0.001) (<= (- Y[0] W[0]) -0.001)))")
+    (tmp_path / "prop.vnnlib").write_text("\n".join(lines) + "\n")
+    env = _env(tmp_path)
+    args = ("a.onnx;b.onnx", "prop.vnnlib")
+    prepared = subprocess.run(
+        ["bash", str(SCRIPTS / "prepare_instance.sh"), "v1", "test", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    done = subprocess.run(["bash", str(SCRIPTS / "run_instance.sh"), "v1", "test", *args,
+                           "out.txt", "60"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.txt").read_text().split("\n")[0] == "unsat"

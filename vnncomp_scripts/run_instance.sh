@@ -9,7 +9,13 @@ if [ "${1:-}" != "v1" ]; then
     exit 1
 fi
 CATEGORY=$2
-ONNX_FILE=$(realpath "$3")
+# Several networks (VNN-COMP 2026: "a.onnx;b.onnx"): each path made absolute.
+absolute_paths() {
+    local IFS=';' out=() part
+    for part in $1; do out+=("$(realpath -m "$part")"); done
+    echo "${out[*]}"
+}
+ONNX_FILE=$(absolute_paths "$3")
 VNNLIB_FILE=$(realpath "$4")
 RESULTS_FILE=$(realpath "$5")
 TIMEOUT=$6
