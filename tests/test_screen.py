@@ -1,5 +1,5 @@
 """Regions proven together (`verify.screen`), margins that only float64 sees (`prune_tolerance`,
-the root's float64 bound), and the VNN-COMP instances they decide."""
+the root bounded in float64), and the VNN-COMP instances they decide."""
 
 from __future__ import annotations
 
@@ -132,11 +132,11 @@ def test_prune_tolerance():
 
 
 @pytest.mark.parametrize(("offset", "closes"), [(-5e-4, True), (0.01, False)])
-def test_a_root_float32_misses_by_a_hair_is_bounded_in_float64(offset, closes, monkeypatch):
-    """The float32 rows are pushed 1e-3 below the truth; the float64 bound of the root then
-    decides: it closes the root when the exact margin is positive (offset -5e-4 under the
-    CROWN bound of the output's minimum), never when a point violates (offset +0.01 over the
-    sampled minimum)."""
+def test_the_root_is_bounded_in_float64(offset, closes, monkeypatch):
+    """The float32 rows are pushed 1e-3 below the truth (as rounding could); the root's own
+    float64 bound decides: it closes the root when the exact margin is positive (offset -5e-4
+    under the CROWN bound of the output's minimum), never when a point violates (offset +0.01
+    over the sampled minimum). Bounded in float32 like any domain, the root stays open."""
     net = mlp(4, n_in=2, n_out=1)
     box = (np.zeros(2), np.full(2, 0.05))
     points = torch.rand(2000, 2, generator=torch.Generator().manual_seed(0)) * 0.05
@@ -153,8 +153,8 @@ def test_a_root_float32_misses_by_a_hair_is_bounded_in_float64(offset, closes, m
     assert outcome.status == ("unsat" if closes else "sat")
     if closes:
         assert outcome.stats["domains"] == 1 and outcome.stats["closed"] == 1
-        slackless = RegionBab(net, region, BabConfig(root_slack=0.0))
-        assert slackless.run(time.monotonic() + 2).stats["domains"] > 1
+        float32_root = RegionBab(net, region, BabConfig(root_float64=False))
+        assert float32_root.run(time.monotonic() + 2).stats["domains"] > 1
 
 
 def _instance(bench: str, net: str, prop: str) -> tuple[Path, Path]:

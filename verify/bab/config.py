@@ -118,10 +118,9 @@ class BabConfig:
     (1 + |b|) (0: any margin > 0 that sound bound gives; `common.prune_tolerance`);
     float64_recheck: closing bounds are evaluated again in float64, their rounding tracked,
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
-    domain that holds a counterexample; see `common.Float64Check`); root_slack: input splitting
-    bounds the region's box in float64 too when its float32 margin falls short of closing by
-    less than root_slack * (1 + |b|) (float32 can miss a margin of 1e-6 that float64 proves;
-    0: off). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
+    domain that holds a counterexample; see `common.Float64Check`); root_float64: with the
+    recheck on, input splitting bounds the region's box once in float64, with its rounding,
+    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
     inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
     are input-splitting settings; the rest is shared); combine_rows: input splitting also
@@ -147,7 +146,7 @@ class BabConfig:
     prune_tol: float = 1e-5
     float64_recheck: bool = True
     recheck_tol: float = 0.0
-    root_slack: float = 1e-3
+    root_float64: bool = True
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)

@@ -73,37 +73,40 @@ class InputBounder:
         lower, upper = self.root_box
         depth = torch.zeros(1, dtype=torch.long, device=lower.device)
         unknown = lower.new_full((1, self.spec.C.shape[0]), -torch.inf)
+        domain = Domains(lower, upper, unknown, unknown[:, 0], depth)
         tick = time.perf_counter()
-        root, slope_rows, slopes = self.measure(Domains(lower, upper, unknown, unknown[:, 0],
-                                                        depth))  # fmt: skip
+        if self.check.active and self.config.root_float64:
+            root = self.root64(domain)
+        else:
+            root = self.confirm(*self.measure(domain))
         self.sizer.seed(time.perf_counter() - tick)
-        open_ = self.near_root(self.confirm(root, slope_rows, slopes)).open()
+        open_ = root.open()
         return open_, try_points(box_points(open_, self.config.corner_domains))
 
-    def near_root(self, d: Domains) -> Domains:
-        """The root `d`, when float32 left it open by less than `root_slack * (1 + |b|)` per
-        row, bounded again in float64 by the recheck's exact bound (`_bounds64`): float32
+    def root64(self, d: Domains) -> Domains:
+        """The region's box `d` bounded once, in float64 by the plain method with its rounding
+        accounted for (`exact`: a proof as it stands, so no float32 bound and recheck): float32
         rounding can hide a margin of 1e-6 on outputs of size 1 (VNN-COMP's ml4acopf), which
-        splitting the inputs never recovers. Closed when that bound excludes every polytope;
-        else left as it was."""
-        slack = self.config.root_slack * (1 + self.spec.b.abs())
-        if not self.check.active or not self.config.root_slack > 0 or not len(d.margin):
-            return d
-        near = min_max(d.rows + slack - self.tol, self.spec.owner, self.spec.n_polytopes) > 0
-        if not bool((near & (d.margin <= 0)).any()):
-            return d
-        if not self.check.fits(len(d.margin), self.clock.deadline):
-            return d
+        splitting never recovers, and a large network's root costs about as much in float64
+        as in float32 on the CPU, and the recheck would double it. Closed when that bound
+        excludes every polytope; else open with its rows rounded down to the search's dtype."""
         tick = time.perf_counter()
-        none = torch.full_like(d.depth, -1)
-        rows64 = self._bounds64(d.lower, d.upper, d.depth, none, {})
+        box = [t.to(torch.float64).reshape(-1, *self.shape) for t in (d.lower, d.upper)]
         spec = self.check.spec
+        result = bounds(self.check.graph, lower=box[0], upper=box[1], C=spec.C,
+                        method=self.methods[False][0], config=self.configs[False],
+                        budget=Budget(seconds=max(1e-3, self.clock.left())))  # fmt: skip
+        rows64 = result.lower - spec.b
         margin64 = min_max(rows64 - self.check.tol, spec.owner, spec.n_polytopes)
-        closed = (margin64 > 0).to(d.margin.device)
-        self.check.record(len(closed), int((~closed).sum()), time.perf_counter() - tick)
-        self.stats["closed"] = self.stats.get("closed", 0) + int(closed.sum())
-        margin = torch.where(closed, margin64.to(d.margin.dtype).clamp(min=1e-30), d.margin)
-        return Domains(d.lower, d.upper, d.rows, margin, d.depth)
+        closed = bool(margin64[0] > 0)
+        self.stats["domains"] += 1
+        self.check.record(1, int(not closed), time.perf_counter() - tick)
+        self.stats["closed"] = self.stats.get("closed", 0) + int(closed)
+        if closed:
+            return Domains(d.lower, d.upper, d.rows, d.margin.new_ones(1), d.depth)
+        rows = rounded_down(rows64, d.rows.dtype).to(d.rows.device)
+        margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes).clamp(max=0)
+        return Domains(d.lower, d.upper, rows, margin, d.depth)
 
     def retain(self, open_: Domains) -> None:
         """Nothing is kept per domain."""
