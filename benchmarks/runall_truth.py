@@ -11,9 +11,16 @@ and property:
 - extra: we answered where the winner did not (sat: validated counterexample; unsat: cannot
   be graded here).
 Target (issue 12): correct >= half of the instances the winner answered, 0 wrong.
+Beside them (issue 28):
+- over limit: instances whose wall time exceeds their limit (timeout x scale) by more than 5%
+  and 1 s (target: none);
+- peer: alpha-beta-CROWN's answers on this CPU (`../shared/data/vnncomp2023/peer_abcrown_cpu/`,
+  a subset of the rows at min(10% of the timeout, 30 s)) graded the same way, and ours on the
+  same rows ("ours / peer on the peer's rows").
 
-    python -m benchmarks.runall_truth [--scale 0.1] [--only cgan,vit]
-Writes benchmarks/results/runall_truth.{json,md} and runall_NAME.csv per benchmark.
+    python -m benchmarks.runall_truth [--scale 0.1] [--only cgan,vit] [--grade-only]
+Writes benchmarks/results/runall_truth.{json,md} and runall_NAME.csv per benchmark;
+`--grade-only` grades the CSVs already there (wall seconds from the last runall_truth.json).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from benchmarks import score
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "vnncomp2023"
+PEER = DATA / "peer_abcrown_cpu"
 RESULTS = ROOT / "benchmarks" / "results"
 ANSWERS = ("sat", "unsat")
 
@@ -59,20 +67,29 @@ def run_benchmark(name: str, scale: float) -> tuple[Path, float]:
     return out, time.monotonic() - start
 
 
-def grade(name: str, ours_csv: Path) -> dict:
-    """Counts of correct, wrong, unanswered and extra answers (see the module docstring), and
-    the competition's score of ours and of the winner (`benchmarks.score`)."""
+def _answers(path: Path) -> dict[tuple[str, str], tuple[str, float]]:
+    """`(result, seconds)` per instance of a results CSV (ours: network, property, result,
+    seconds; the peer's: onnx, vnnlib, result, seconds)."""
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {_key(r.get("network") or r["onnx"], r.get("property") or r["vnnlib"]):
+            (r["result"], float(r["seconds"] or 0)) for r in rows}  # fmt: skip
+
+
+def grade(name: str, ours_csv: Path, scale: float) -> dict:
+    """Counts of correct, wrong, unanswered and extra answers (see the module docstring), the
+    competition's score of ours and of the winner (`benchmarks.score`), the instances over
+    their limit, and the peer's count beside ours on its rows."""
     winner = truth(name)
     with open(DATA / name / "instances.csv", newline="") as f:
-        listed = [_key(r[0], r[1]) for r in csv.reader(f) if len(r) >= 3]
-    ours: dict[tuple[str, str], str] = {}
-    if ours_csv.exists():
-        with open(ours_csv, newline="") as f:
-            for row in csv.DictReader(f):
-                ours[_key(row["network"], row["property"])] = row["result"]
+        listed = {_key(r[0], r[1]): float(r[2]) for r in csv.reader(f) if len(r) >= 3}
+    answers = _answers(ours_csv)
+    ours = {k: result for k, (result, _) in answers.items()}
     counts = {"instances": len(listed), "winner_answered": 0, "correct": 0, "wrong": 0,
-              "unanswered": 0, "extra": 0, "wrong_cases": []}  # fmt: skip
-    for key in listed:
+              "unanswered": 0, "extra": 0, "wrong_cases": [], "over_limit": []}  # fmt: skip
+    for key, timeout in listed.items():
         theirs, mine = winner.get(key, "missing"), ours.get(key, "skipped")
         if theirs in ANSWERS:
             counts["winner_answered"] += 1
@@ -85,49 +102,72 @@ def grade(name: str, ours_csv: Path) -> dict:
                 counts["unanswered"] += 1
         elif mine in ANSWERS:
             counts["extra"] += 1
+        limit, seconds = timeout * scale, answers.get(key, ("", 0.0))[1]
+        if seconds > limit * 1.05 and seconds > limit + 1:
+            counts["over_limit"].append({"instance": key, "seconds": seconds, "limit": limit})
     points = score.score(ours, {k: winner.get(k, "missing") for k in listed})
     counts["score"], counts["winner_score"] = points["score"], points["winner_score"]
+    peer = _answers(PEER / f"{name}.csv")
+    rows = [k for k in peer if winner.get(k) in ANSWERS]
+    counts["peer_rows"] = len(peer)
+    counts["peer_correct"] = sum(peer[k][0] == winner[k] for k in rows)
+    counts["ours_on_peer_rows"] = sum(ours.get(k) == winner[k] for k in rows)
     return counts
 
 
 def table(rows: list[dict], scale: float) -> str:
     lines = ["| benchmark | instances | winner answered | correct | wrong | unanswered | extra "
-             "| score (winner) | target (>= half) | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| score (winner) | over limit | ours / peer on the peer's rows | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        met = "met" if 2 * r["correct"] >= r["winner_answered"] and not r["wrong"] else "not met"
+        peer = (f"{r['ours_on_peer_rows']} / {r['peer_correct']} ({r['peer_rows']} rows)"
+                if r["peer_rows"] else "no peer file")  # fmt: skip
         lines.append(f"| {r['benchmark']} | {r['instances']} | {r['winner_answered']} | "
                      f"{r['correct']} | {r['wrong']} | {r['unanswered']} | {r['extra']} | "
-                     f"{r['score']} ({r['winner_score']}) | {met} | {r['seconds']:.0f} |")  # fmt: skip
-    total = {k: sum(r[k] for r in rows) for k in ("instances", "winner_answered", "correct",
-                                                   "wrong", "unanswered", "extra", "seconds",
-                                                   "score", "winner_score")}  # fmt: skip
+                     f"{r['score']} ({r['winner_score']}) | {len(r['over_limit'])} | {peer} | "
+                     f"{r['seconds']:.0f} |")  # fmt: skip
+    keys = ("instances", "winner_answered", "correct", "wrong", "unanswered", "extra",
+            "seconds", "score", "winner_score", "ours_on_peer_rows", "peer_correct", "peer_rows")
+    total = {k: sum(r[k] for r in rows) for k in keys}
+    over = sum(len(r["over_limit"]) for r in rows)
     lines.append(f"| **all** | {total['instances']} | {total['winner_answered']} | "
                  f"{total['correct']} | {total['wrong']} | {total['unanswered']} | "
-                 f"{total['extra']} | {total['score']} ({total['winner_score']}) | | "
-                 f"{total['seconds']:.0f} |")  # fmt: skip
-    return f"`verify run-all` at {scale:g} of the timeouts against the 2023 winner\n\n" + "\n".join(
-        lines
-    )
+                 f"{total['extra']} | {total['score']} ({total['winner_score']}) | {over} | "
+                 f"{total['ours_on_peer_rows']} / {total['peer_correct']} "
+                 f"({total['peer_rows']} rows) | {total['seconds']:.0f} |")  # fmt: skip
+    late = [f"- {r['benchmark']} {o['instance'][1]}: {o['seconds']:.1f} s for {o['limit']:.1f} s"
+            for r in rows for o in r["over_limit"]]  # fmt: skip
+    head = f"`verify run-all` at {scale:g} of the timeouts against the 2023 winner\n\n"
+    tail = "\n\nOver their limit:\n" + "\n".join(late) if late else ""
+    return head + "\n".join(lines) + tail
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--only", default=None, help="comma-separated benchmark names, in order")
+    parser.add_argument("--grade-only", action="store_true", help="grade the CSVs already there")
     args = parser.parse_args()
+    last = {}
+    if args.grade_only and (RESULTS / "runall_truth.json").exists():
+        old = json.loads((RESULTS / "runall_truth.json").read_text())["rows"]
+        last = {r["benchmark"]: r["seconds"] for r in old}
     names = sorted(p.parent.name for p in DATA.glob("*/instances.csv"))
     if args.only:  # in the order given
         names = [n for n in args.only.split(",") if n in names]
     rows = []
     for name in names:
-        out, seconds = run_benchmark(name, args.scale)
-        rows.append({"benchmark": name, "seconds": seconds, **grade(name, out)})
+        if args.grade_only:
+            out, seconds = RESULTS / f"runall_{name}.csv", last.get(name, 0.0)
+        else:
+            out, seconds = run_benchmark(name, args.scale)
+        rows.append({"benchmark": name, "seconds": seconds, **grade(name, out, args.scale)})
         print(rows[-1], flush=True)
         text = table(rows, args.scale)
         stamp = time.strftime("%Y-%m-%d %H:%M")
         cmd = f"python -m benchmarks.runall_truth --scale {args.scale}"
         cmd += f" --only {args.only}" if args.only else ""
+        cmd += " --grade-only" if args.grade_only else ""
         (RESULTS / "runall_truth.md").write_text(f"# {cmd} ({stamp}, 1 thread)\n\n{text}\n")
         (RESULTS / "runall_truth.json").write_text(json.dumps(
             {"meta": {"date": stamp, "command": cmd, "scale": args.scale}, "rows": rows},
