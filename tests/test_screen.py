@@ -179,3 +179,25 @@ def test_lindex_800_regions_are_proven_together():
     net, spec = _instance("nn4sys", "lindex", "lindex_800")
     result = verify.verify(net, spec, timeout=30)
     assert result.status == "unsat" and result.stats["screened"] == 800
+
+
+def test_the_screen_keeps_to_its_share_of_the_time(monkeypatch):
+    """Bounds that take 20 ms per region: with 1 s left the screen (half of it) stops after
+    about 0.5 s, its chunks sized by the time measured, and keeps the regions it did not
+    reach open."""
+    import verify.screen as screen_module
+
+    net = mlp(5)
+    regions = regions_around(net, 400, 6)
+    real = screen_module.bounds
+
+    def slow(graph, **kwargs):
+        time.sleep(0.02 * len(kwargs["lower"]))
+        return real(graph, **kwargs)
+
+    monkeypatch.setattr(screen_module, "bounds", slow)
+    start = time.monotonic()
+    kept = screen(build_graph(net, (3,)), regions, start + 1.0)
+    took = time.monotonic() - start
+    assert took < 0.65
+    assert len(kept) > 300  # at most ~25 regions bounded in 0.5 s

@@ -10,8 +10,8 @@ every step accounted for (`exact=True`, `bounds.rounding`), and returns the regi
 not prove. A region is proven when every unsafe polytope has a row whose lower bound of
 `C y - b` (C, b as in the VNN-LIB file, float64) is > 0 (`verify.specs.region_proven`, batched).
 
-Deadline: a chunk starts only if the slowest chunk so far would end before the deadline
-(predictive); the regions not screened are returned open.
+Deadline (`screen`): at most a share of the time left, chunks sized by the seconds per region
+measured so far so that none is predicted to end past it; the regions not screened stay open.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ import torch
 from torch import Tensor
 
 from bounds.graph.graph import Graph
+from bounds.types import Budget
 from verify.api import bounds
 from verify.property import Region
 
 CHUNK = 256
-"""Regions bounded per call."""
+"""Most regions bounded per call."""
+FIRST_CHUNK = 4
+"""Regions in the first call (its time predicts the next ones')."""
 
 
 def _rows(regions: list[Region], n_out: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -57,9 +60,16 @@ def proven(lower: Tensor, b: Tensor, owner: Tensor, n_polytopes: Tensor) -> Tens
     return ((excluded | ~wanted).all(1)) & (n_polytopes > 0)
 
 
-def screen(graph: Graph, regions: list[Region], deadline: float) -> list[Region]:
+def screen(
+    graph: Graph, regions: list[Region], deadline: float, share: float = 0.5
+) -> list[Region]:
     """The regions (in order) that one float64 CROWN bound of their box does not prove;
-    regions with rows over the inputs (`A_x`) or no polytope are kept open unbounded."""
+    regions with rows over the inputs (`A_x`) or no polytope are kept open unbounded.
+
+    Paced: the screen takes at most `share` of the time left before `deadline` (the attack and
+    the searches need the rest). Chunks start at `FIRST_CHUNK` regions and grow fourfold up to
+    `CHUNK`, each no larger than the seconds per region measured so far allow before the
+    screen's end; the regions not reached are kept open."""
     like = next((t for n in graph.nodes[1:] for t in n.op.constants()), torch.zeros(()))
     graph64, device = graph.to(torch.float64, like.device), like.device
     shape = graph.input.shape
@@ -68,21 +78,28 @@ def screen(graph: Graph, regions: list[Region], deadline: float) -> list[Region]
         return list(regions)
     keep = {id(r) for r in regions} - {id(r) for r in todo}
     n_out = todo[0].unsafe[0].A.shape[1]
-    slowest, start = 0.0, 0
+    now = time.monotonic()
+    stop = now + share * max(0.0, deadline - now)
+    size, per_region, start = FIRST_CHUNK, 0.0, 0
     while start < len(todo):
-        if time.monotonic() + slowest > deadline:
+        if per_region > 0:
+            size = min(size, int((stop - time.monotonic()) / per_region))
+        if size < 1 or time.monotonic() >= stop:
             break
         tick = time.monotonic()
-        part = todo[start : start + CHUNK]
+        part = todo[start : start + size]
         lower, upper = (torch.tensor(np.array([getattr(r, side) for r in part]),
                                      dtype=torch.float64, device=device).reshape(-1, *shape)
                         for side in ("lower", "upper"))  # fmt: skip
         C, b, owner = _rows(part, n_out)
-        result = bounds(graph64, lower=lower, upper=upper, C=C.to(device), method="crown")
+        left = max(1e-3, deadline - time.monotonic())
+        result = bounds(graph64, lower=lower, upper=upper, C=C.to(device), method="crown",
+                        budget=Budget(seconds=left))  # fmt: skip
         n_poly = torch.tensor([len(r.unsafe) for r in part])
         done = proven(result.lower.cpu(), b, owner, n_poly)
         keep |= {id(r) for r, ok in zip(part, done.tolist()) if not ok}
         start += len(part)
-        slowest = max(slowest, time.monotonic() - tick)
+        per_region = max(per_region, (time.monotonic() - tick) / len(part))
+        size = min(CHUNK, 4 * len(part))
     keep |= {id(r) for r in todo[start:]}
     return [r for r in regions if id(r) in keep]
