@@ -141,3 +141,28 @@ def test_two_networks_given_relative_to_the_callers_folder(tmp_path: Path) -> No
                           cwd=tmp_path, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out.txt").read_text().split("\n")[0] == "unsat"
+
+
+def _dummy(argv0: str) -> subprocess.Popen:
+    """A sleeping process whose command line reads `argv0` (as `ps` and /proc show it)."""
+    return subprocess.Popen(["bash", "-c", f'exec -a "{argv0}" sleep 60'])
+
+
+def test_prepare_kills_only_the_run_it_left_behind(tmp_path: Path) -> None:
+    """The run recorded in the cache's PID file is killed; another user's `verify run-all`
+    (or any other process) is not."""
+    env = _env(tmp_path)
+    onnx_path, spec = _instance(tmp_path, 0.5)
+    leftover, bystander = _dummy("python -m verify run a b"), _dummy("python -m verify run-all x")
+    try:
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / "run.pid").write_text(str(leftover.pid))
+        time.sleep(0.2)
+        assert _run("prepare_instance.sh", onnx_path, spec, env=env).returncode == 0
+        assert leftover.wait(timeout=10) != 0  # killed
+        assert bystander.poll() is None  # still running
+        assert not (tmp_path / "cache" / "run.pid").exists()
+    finally:
+        for proc in (leftover, bystander):
+            proc.kill()
+            proc.wait()

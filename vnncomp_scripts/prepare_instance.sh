@@ -18,6 +18,14 @@ VNNLIB_FILE=$(realpath "$4")
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${LDVERIFY_CACHE:-${TMPDIR:-/tmp}/ldverify_vnncomp}"
 echo "Preparing ldverify for '$CATEGORY': $ONNX_FILE, $VNNLIB_FILE"
-pkill -f "python -m verify run" 2>/dev/null  # a run left over from a killed instance
+# A run left over from a killed instance: the one run_instance.sh recorded (its PID file),
+# and only while that process is still a `verify run` (nothing else on the machine).
+if [ -f "$CACHE/run.pid" ]; then
+    PID=$(cat "$CACHE/run.pid")
+    if tr '\0' ' ' < "/proc/$PID/cmdline" 2>/dev/null | grep -q -- "-m verify run "; then
+        kill "$PID" 2>/dev/null
+    fi
+    rm -f "$CACHE/run.pid"
+fi
 cd "$ROOT" && python -m verify prepare "$ONNX_FILE" "$VNNLIB_FILE" --cache "$CACHE" || exit 1
 exit 0

@@ -23,9 +23,15 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CACHE="${LDVERIFY_CACHE:-${TMPDIR:-/tmp}/ldverify_vnncomp}"
 echo "timeout" > "$RESULTS_FILE"
 echo "Running ldverify on '$CATEGORY': $ONNX_FILE, $VNNLIB_FILE, timeout $TIMEOUT s"
-cd "$ROOT" && python -m verify run "$ONNX_FILE" "$VNNLIB_FILE" --timeout "$TIMEOUT" \
-    --results-file "$RESULTS_FILE" --cache "$CACHE" --started-at "$STARTED"
+mkdir -p "$CACHE"
+cd "$ROOT" || exit 1
+python -m verify run "$ONNX_FILE" "$VNNLIB_FILE" --timeout "$TIMEOUT" \
+    --results-file "$RESULTS_FILE" --cache "$CACHE" --started-at "$STARTED" &
+PID=$!
+echo "$PID" > "$CACHE/run.pid"  # for prepare_instance.sh, should this run outlive its kill
+wait "$PID"
 STATUS=$?
+rm -f "$CACHE/run.pid"
 if [ $STATUS -ne 0 ]; then
     echo "error" > "$RESULTS_FILE"
 fi
