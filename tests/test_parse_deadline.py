@@ -43,3 +43,21 @@ def test_verify_answers_timeout_within_the_limit_while_reading(tmp_path: Path):
     start = time.monotonic()
     result = verify.verify(net, path, timeout=0.5)
     assert result.status == "timeout" and time.monotonic() - start < 1.5
+
+
+def test_run_all_reads_within_each_instances_limit(tmp_path: Path):
+    """`run-all` reads the property before the search: that reading is paced by the
+    instance's limit too (a row "timeout" within 1 s of it)."""
+    from verify.cli.main import main
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(40, 8), nn.ReLU(), nn.Linear(8, 1)).eval()
+    torch.onnx.export(net, (torch.zeros(1, 40),), str(tmp_path / "net.onnx"), dynamo=False,
+                      opset_version=13)  # fmt: skip
+    (tmp_path / "big.vnnlib").write_text(many_regions(6000))
+    (tmp_path / "instances.csv").write_text("net.onnx,big.vnnlib,1\n")
+    start = time.monotonic()
+    main(["run-all", str(tmp_path / "instances.csv"), "--out", str(tmp_path / "out.csv")])
+    assert time.monotonic() - start < 4.0  # 1 s limit, imports and the ONNX export aside
+    row = (tmp_path / "out.csv").read_text().splitlines()[1].split(",")
+    assert row[2] == "timeout" and float(row[3]) < 2.0

@@ -67,7 +67,8 @@ def screen(
     regions with rows over the inputs (`A_x`) or no polytope are kept open unbounded.
 
     Paced: the screen takes at most `share` of the time left before `deadline` (the attack and
-    the searches need the rest). Chunks start at `FIRST_CHUNK` regions and grow fourfold up to
+    the searches need the rest), unless it proves most of the regions it bounds (each would
+    otherwise cost an attack and a search): then it may go on to the deadline. Chunks start at `FIRST_CHUNK` regions and grow fourfold up to
     `CHUNK`, each no larger than the seconds per region measured so far allow before the
     screen's end; the regions not reached are kept open."""
     like = next((t for n in graph.nodes[1:] for t in n.op.constants()), torch.zeros(()))
@@ -80,11 +81,12 @@ def screen(
     n_out = todo[0].unsafe[0].A.shape[1]
     now = time.monotonic()
     stop = now + share * max(0.0, deadline - now)
-    size, per_region, start = FIRST_CHUNK, 0.0, 0
+    size, per_region, start, closed = FIRST_CHUNK, 0.0, 0, 0
     while start < len(todo):
+        limit = deadline if 2 * closed > start else stop  # proving most: worth the time
         if per_region > 0:
-            size = min(size, int((stop - time.monotonic()) / per_region))
-        if size < 1 or time.monotonic() >= stop:
+            size = min(size, int((limit - time.monotonic()) / per_region))
+        if size < 1 or time.monotonic() >= limit:
             break
         tick = time.monotonic()
         part = todo[start : start + size]
@@ -98,7 +100,7 @@ def screen(
         n_poly = torch.tensor([len(r.unsafe) for r in part])
         done = proven(result.lower.cpu(), b, owner, n_poly)
         keep |= {id(r) for r, ok in zip(part, done.tolist()) if not ok}
-        start += len(part)
+        start, closed = start + len(part), closed + int(done.sum())
         per_region = max(per_region, (time.monotonic() - tick) / len(part))
         size = min(CHUNK, 4 * len(part))
     keep |= {id(r) for r in todo[start:]}

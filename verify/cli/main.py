@@ -52,6 +52,7 @@ from verify.cli.rows import Instance, read_instances, summary, write_rows
 from verify.cli.suite import run_suite
 from verify.distributed import cluster, progress
 from verify.errors import CertificateUnsupportedError
+from verify.io.vnnlib_common import ParseDeadlineError
 from verify.io.vnnlib_load import load_vnnlib
 from verify.property import VnnlibProperty
 from verify.result import VerificationResult
@@ -90,10 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prepared(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
+def prepared(
+    args: argparse.Namespace, deadline: float | None = None
+) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
     """`run`'s network, property and settings (bad files and options raise
-    VerificationInputError)."""
-    prop = load_vnnlib(resolve(Path.cwd(), str(args.property)))
+    VerificationInputError; a property still being read at `deadline`, ParseDeadlineError)."""
+    prop = load_vnnlib(resolve(Path.cwd(), str(args.property)), deadline=deadline)
     net = load_networks(network_paths(Path.cwd(), str(args.network)), args.device, prop)
     config = bab_config(args)
     check_method(args, net, prop, config)
@@ -114,9 +117,13 @@ def run_one(args: argparse.Namespace) -> VerificationResult:
     elif distributed(args):
         result = run_sharded(args)
     else:
-        net, prop, config = vnncomp_instance(args)
-        seconds = vnncomp.budget(args)
-        if seconds <= 0:
+        deadline = time.monotonic() + vnncomp.budget(args)  # reading counts against it
+        try:
+            net, prop, config = vnncomp_instance(args, deadline)
+        except ParseDeadlineError:
+            net = prop = config = None
+        seconds = deadline - time.monotonic()
+        if seconds <= 0 or prop is None:
             result = VerificationResult("timeout", None, 0.0, {})
         else:
             result = verify(
@@ -128,11 +135,13 @@ def run_one(args: argparse.Namespace) -> VerificationResult:
     return result
 
 
-def vnncomp_instance(args: argparse.Namespace) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
-    """`prepared(args)`, from `prepare`'s cache when `--cache` holds this instance."""
+def vnncomp_instance(
+    args: argparse.Namespace, deadline: float | None = None
+) -> tuple[torch.nn.Module, VnnlibProperty, BabConfig]:
+    """`prepared(args, deadline)`, from `prepare`'s cache when `--cache` holds this instance."""
     found = vnncomp.cached(args)
     if found is None:
-        return prepared(args)
+        return prepared(args, deadline)
     config = bab_config(args)
     check_method(args, found[0], found[1], config)
     return found[0], found[1], config
@@ -205,7 +214,10 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
     """The status of one instance (KeyboardInterrupt propagates; bad files raise
     VerificationInputError)."""
     net_paths, prop_path = network_paths(root, instance.network), resolve(root, instance.property)
-    prop = load_vnnlib(prop_path)
+    try:  # reading the property counts against the instance's limit
+        prop = load_vnnlib(prop_path, deadline=start + instance.timeout * args.timeout_scale)
+    except ParseDeadlineError:
+        return "timeout"
     key = ";".join(map(str, net_paths))
     if key not in nets or prop.networks:  # a product is laid out by its property
         nets[key] = load_networks(net_paths, args.device, prop)
