@@ -43,19 +43,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 ANSWERS = ("sat", "unsat")
 
 
-def _key(network: str, prop: str) -> tuple[str, str]:
-    """Names compared without folders and compression suffixes."""
-    net = Path(network).name.removesuffix(".gz").removesuffix(".onnx")
-    return net, Path(prop).name.removesuffix(".gz").removesuffix(".vnnlib")
-
-
-def truth(name: str) -> dict[tuple[str, str], str]:
-    """The winner's result per (network, property) of benchmark `name`."""
-    path = DATA / "truth" / f"{name}.csv"
-    with open(path, newline="") as f:
-        return {_key(row[1], row[2]): row[4].strip() for row in csv.reader(f) if len(row) > 4}
-
-
 def run_benchmark(name: str, scale: float) -> tuple[Path, float]:
     """Runs `verify run-all` on the benchmark; (its CSV, wall seconds)."""
     out = RESULTS / f"runall_{name}.csv"
@@ -74,7 +61,7 @@ def _answers(path: Path) -> dict[tuple[str, str], tuple[str, float]]:
         return {}
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    return {_key(r.get("network") or r["onnx"], r.get("property") or r["vnnlib"]):
+    return {score.key(r.get("network") or r["onnx"], r.get("property") or r["vnnlib"]):
             (r["result"], float(r["seconds"] or 0)) for r in rows}  # fmt: skip
 
 
@@ -82,9 +69,9 @@ def grade(name: str, ours_csv: Path, scale: float) -> dict:
     """Counts of correct, wrong, unanswered and extra answers (see the module docstring), the
     competition's score of ours and of the winner (`benchmarks.score`), the instances over
     their limit, and the peer's count beside ours on its rows."""
-    winner = truth(name)
+    winner = score.read_truth(name)
     with open(DATA / name / "instances.csv", newline="") as f:
-        listed = {_key(r[0], r[1]): float(r[2]) for r in csv.reader(f) if len(r) >= 3}
+        listed = {score.key(r[0], r[1]): float(r[2]) for r in csv.reader(f) if len(r) >= 3}
     answers = _answers(ours_csv)
     ours = {k: result for k, (result, _) in answers.items()}
     counts = {"instances": len(listed), "winner_answered": 0, "correct": 0, "wrong": 0,

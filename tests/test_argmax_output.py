@@ -167,3 +167,17 @@ def test_argmin_and_without_keepdims(tmp_path):
     assert result.status == "unsat"
     gen = np.random.default_rng(1)
     assert not (logits(gen.uniform(0, 0.4, (20000, 2))).argmin(1) == 2).any()
+
+
+def test_assignments_are_admitted_in_exact_arithmetic():
+    """`1e16 k_0 - k_1 - 1e16 k_2 <= -0.5` admits `k = (1, 1, 1)` (-1) exactly, though float64
+    evaluates the row to 0 there: dropping it would drop part of the unsafe set, a wrong
+    "unsat"."""
+    arg = ArgOutput("ArgMax", 1, (3, 2), keepdims=False)  # three outputs of two classes
+    A, b = np.array([[1e16, -1.0, -1e16]]), np.array([-0.5])
+    assert not (A @ np.ones(3) <= b).all()  # what a float64 check would conclude
+    region = Region(np.zeros(1), np.ones(1), (Polytope(A, b),))
+    unsafe = rewrite(VnnlibProperty("p", 1, 3, (region,)), arg).regions[0].unsafe
+    assert len(unsafe) == 4  # (0,1,0) (0,0,1) (0,1,1) (1,1,1)
+    z = np.array([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])  # argmax 1 on every output
+    assert any(p.contains(z) for p in unsafe)

@@ -10,7 +10,8 @@ admits, of those polytopes of the logits:
 
 - each polytope's rows mention some outputs `I` (an index per position of the ArgMax output);
   every assignment of classes to `I` (at most `MAX_ASSIGNMENTS`) is checked against the rows
-  exactly, and each one that satisfies them gives one polytope of the logits;
+  exactly (rational arithmetic), and each one that satisfies them gives one polytope of the
+  logits;
 - the strict rows are marked (`Polytope.strict`): bounds use their closure (a superset of the
   unsafe set, so "unsat" stays sound), a counterexample must meet them strictly in float64.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -59,15 +61,20 @@ class ArgOutput:
             del shape[self.axis]
         return tuple(shape)
 
+    @property
+    def n_logits(self) -> int:
+        return int(np.prod(self.logits_shape))
+
     def class_index(self) -> np.ndarray:
         """`[n_outputs, classes]`: the flat logits index of each (output, class)."""
         flat = np.arange(int(np.prod(self.logits_shape))).reshape(self.logits_shape)
         return np.moveaxis(flat, self.axis, -1).reshape(-1, self.classes)
 
-    def winner_rows(self, output: int, k: int, n_logits: int) -> tuple[np.ndarray, np.ndarray]:
-        """The rows `R z <= 0` (`[classes - 1, n_logits]`) and their strictness saying that
-        output `output`'s ArgMax (ArgMin) is `k`."""
-        index = self.class_index()[output]
+    def winner_rows(self, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows `R z <= 0` (`[classes - 1, n_logits]`) and their strictness saying that the
+        ArgMax (ArgMin) of the output whose classes sit at the flat logits `index` (its row of
+        `class_index`) is `k`."""
+        n_logits = self.n_logits
         rows, strict = [], []
         sign = 1.0 if self.op == "ArgMax" else -1.0
         for j in range(self.classes):
@@ -80,8 +87,16 @@ class ArgOutput:
         return np.array(rows).reshape(-1, n_logits), np.array(strict, dtype=bool)
 
 
-def _expand(poly: Polytope, arg: ArgOutput, n_logits: int, where: str) -> list[Polytope]:
-    """The polytopes of the logits whose union is `{z : A argmax(z) <= b}`."""
+def _admits(A: np.ndarray, b: np.ndarray, classes: tuple[int, ...]) -> bool:
+    """Whether `A k <= b` holds for the integer `k`, in exact rational arithmetic (float64
+    could round `0.1 + 0.2` above `0.3` and drop a class the file admits)."""
+    return all(sum((Fraction(a) * k for a, k in zip(row, classes)), Fraction(0)) <= Fraction(c)
+               for row, c in zip(A.tolist(), b.tolist()))  # fmt: skip
+
+
+def _expand(poly: Polytope, arg: ArgOutput, index: np.ndarray, where: str) -> list[Polytope]:
+    """The polytopes of the logits whose union is `{z : A argmax(z) <= b}` (`index`: the
+    ArgMax's `class_index`)."""
     if poly.A_x is not None:
         raise SpecificationError(f"{where}: rows over the inputs and an ArgMax output together")
     involved = np.flatnonzero(np.any(poly.A != 0, axis=0))
@@ -91,13 +106,11 @@ def _expand(poly: Polytope, arg: ArgOutput, n_logits: int, where: str) -> list[P
             f"{where}: the rows mention {len(involved)} outputs of {arg.node or arg.op}, "
             f"{count} class assignments (> {MAX_ASSIGNMENTS})"
         )
-    out = []
+    out, n_logits = [], arg.n_logits
     for classes in itertools.product(range(arg.classes), repeat=len(involved)):
-        y = np.zeros(poly.A.shape[1])
-        y[involved] = classes
-        if not np.all(poly.A @ y <= poly.b):  # exact for integer y and the file's A, b
+        if not _admits(poly.A[:, involved], poly.b, classes):
             continue
-        parts = [arg.winner_rows(int(i), int(k), n_logits) for i, k in zip(involved, classes)]
+        parts = [arg.winner_rows(index[i], k) for i, k in zip(involved, classes)]
         if not parts:  # no output mentioned: the polytope is all of the logits' space
             out.append(Polytope(np.zeros((0, n_logits)), np.zeros(0)))
             continue
@@ -117,14 +130,14 @@ def rewrite(spec: VnnlibProperty, arg: ArgOutput) -> VnnlibProperty:
             f"{spec.path}: the property has {spec.n_outputs} outputs but the network's "
             f"{arg.op} ({arg.node}) gives {n_out}"
         )
-    n_logits = int(np.prod(arg.logits_shape))
+    index = arg.class_index()
     regions = []
     for r, region in enumerate(spec.regions):
         unsafe = []
         for p, poly in enumerate(region.unsafe):
-            unsafe += _expand(poly, arg, n_logits, f"{spec.path}: region {r}, polytope {p}")
+            unsafe += _expand(poly, arg, index, f"{spec.path}: region {r}, polytope {p}")
         regions.append(Region(region.lower, region.upper, tuple(unsafe)))
-    return VnnlibProperty(spec.path, spec.n_inputs, n_logits, tuple(regions), spec.networks)
+    return VnnlibProperty(spec.path, spec.n_inputs, arg.n_logits, tuple(regions), spec.networks)
 
 
 def indices(logits: Tensor, arg: ArgOutput) -> Tensor:

@@ -190,8 +190,8 @@ def pgd(
     descending its polytope's max-row objective; else one run per start descending `v`, the
     min over the polytopes (untargeted: the gradient follows the polytope nearest at each
     step, a run per start instead of one per start and polytope). `step_fraction`: one for all
-    starts, or one per start `[N]`. Returns per start the best
-    point over its runs and its value `v` `[N]` (`+inf` when there is no unsafe polytope). `deadline`
+    starts, or one per start `[N]`. Returns per start the best point over its runs and its
+    value `v` `[N]` (`+inf` when there is no unsafe polytope). `deadline`
     (`time.monotonic()`): no step starts once the next one, as long as the slower of the last
     two, would end past it (host clock; the starts themselves are always evaluated)."""
     n, n_poly = starts.shape[0], spec.n_polytopes
@@ -342,8 +342,9 @@ def find_counterexample(
     fractions = config.step_fraction * torch.tensor([1.0, 3.0, 9.0]).repeat(len(starts))
     points, values = pgd(net, lower, upper, spec, starts, config.steps, fractions[: len(starts)],
                          deadline, targeted)  # fmt: skip
+    tolerance = spec.value_tolerance()
     for i in values.argsort()[:4].tolist():
-        if values[i] > spec.value_tolerance():  # sorted: the rest are further away
+        if values[i] > tolerance:  # sorted: the rest are further away
             break
         found = validate(net, region, points[i : i + 1])
         if found is not None:

@@ -68,24 +68,24 @@ def surrogate_derivative(func: Any, args: tuple, kwargs: dict) -> Tensor | None:
         relaxation = get_relaxation(name, **spelling.read(*args[1:], **kwargs))
     except (TypeError, ValueError):
         return None
-    attack_derivative = getattr(relaxation, "attack_derivative", None)
-    return None if attack_derivative is None else attack_derivative(args[0])
+    return relaxation.attack_derivative(args[0])
 
 
 class AttackMode(TorchFunctionMode):
     """Inside it, piecewise-constant activations pass surrogate gradients (module docstring)
-    and each softmax's output is recorded with its input (`logits_of`)."""
+    and the last softmax's output is kept with its input (`logits_of`: a final softmax is the
+    last one; keeping only it holds no attention maps)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.softmaxes: list[tuple[Tensor, Tensor, Any]] = []
+        self.last_softmax: tuple[Tensor, Tensor, Any] | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         value = func(*args, **kwargs)
         if func in SOFTMAX:
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            self.softmaxes.append((value, args[0], dim))
+            self.last_softmax = (value, args[0], dim)
             return value
         x = args[0] if args else None
         if not (isinstance(x, Tensor) and x.requires_grad and isinstance(value, Tensor)):
@@ -97,10 +97,10 @@ class AttackMode(TorchFunctionMode):
 
     def logits_of(self, y: Tensor) -> Tensor | None:
         """The input of the softmax over the features whose output is `y` itself, or None."""
-        for value, z, dim in self.softmaxes:
-            if value is y and dim is not None and y.dim() == 2 and dim in (1, -1):
-                return z
-        return None
+        if self.last_softmax is None:
+            return None
+        value, z, dim = self.last_softmax
+        return z if value is y and y.dim() == 2 and dim in (1, -1) else None
 
 
 def attack_outputs(net: nn.Module, x: Tensor, peel_softmax: bool) -> Tensor:

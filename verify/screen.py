@@ -68,9 +68,10 @@ def screen(
 
     Paced: the screen takes at most `share` of the time left before `deadline` (the attack and
     the searches need the rest), unless it proves most of the regions it bounds (each would
-    otherwise cost an attack and a search): then it may go on to the deadline. Chunks start at `FIRST_CHUNK` regions and grow fourfold up to
-    `CHUNK`, each no larger than the seconds per region measured so far allow before the
-    screen's end; the regions not reached are kept open."""
+    otherwise cost an attack and a search): then it may go on to the deadline. Chunks start
+    at `FIRST_CHUNK` regions and grow fourfold up to `CHUNK`, each no larger than the seconds
+    per region measured so far allow before the screen's end; the regions not reached are
+    kept open."""
     like = next((t for n in graph.nodes[1:] for t in n.op.constants()), torch.zeros(()))
     graph64, device = graph.to(torch.float64, like.device), like.device
     shape = graph.input.shape

@@ -46,12 +46,7 @@ class Counterexamples:
         self, net: nn.Module, region: Region, shape: tuple[int, ...], spec: UnsafeSpec
     ) -> None:
         self.net, self.region, self.shape, self.spec = net, region, shape, spec
-        self.value_tol = self.value_tolerance(spec)
-
-    @staticmethod
-    def value_tolerance(spec: UnsafeSpec) -> float:
-        """Points whose float32 `violation` is below this are re-checked in float64."""
-        return spec.value_tolerance()
+        self.value_tol = spec.value_tolerance()
 
     def violations(self, points: Tensor) -> Tensor:
         """`violation` of the network's outputs at `points` (any leading shape, flattened)."""

@@ -195,7 +195,10 @@ def _bound(ctx: Context, stack: list[_Frame], match: re.Match, number: int) -> b
     if not math.isfinite(value):
         return False
     ctx.nest(len(stack), number)
-    const = 0.0 + -1.0 * value  # left - right, as `_comparison` computes it
+    # `_to_constraint` of left - right, inlined (calling it costs a quarter of reading a large
+    # file: 9.2 s against 7.3 s on nn4sys cardinality_1_2260): the same float operations in the
+    # same order, and nothing to check (one variable, a finite number).
+    const = 0.0 + -1.0 * value
     sign = 1.0 if op == "<=" else -1.0
     parent.values.append([(Constraint({var: sign * 1.0}, 0.0 - sign * const + 0.0, number),)])
     return True
