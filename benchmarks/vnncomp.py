@@ -101,7 +101,11 @@ def main() -> None:
     parser.add_argument("--timeout-scale", type=float, default=1.0)
     parser.add_argument("--limit", type=int)
     parser.add_argument("--method", help="bound method of input splitting (default: the CLI's)")
-    parser.add_argument("--splitting", default="auto", choices=SPLITTINGS)
+    parser.add_argument(
+        "--splitting", nargs="+", default=["auto"], choices=SPLITTINGS,
+        help="one or more modes, run one after the other (each tagged with its name when "
+        "several) and compared side by side",
+    )  # fmt: skip
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument("--prox-sweeps", type=int, default=0, help="see python -m verify run -h")
     parser.add_argument("--instances", type=Path, help="a subset CSV (paths as in the bench's)")
@@ -123,15 +127,33 @@ def main() -> None:
         sys.exit(f"the shared data folder {DATA} is absent")
     torch.set_num_threads(1)
     for bench in args.bench:
-        tag = f"_{args.tag}" if args.tag else ""
-        payload = run(
-            bench, args.timeout_scale, args.limit, args.method, args.splitting, tag,
-            args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
-            args.root_bounds, args.hard_warm_start,
-        )  # fmt: skip
-        print(summary(payload["rows"]))
-        print("per property:", payload["per_property"])
-        print("contradictions with known answers:", payload["contradictions"] or "none")
+        answered: dict[str, int] = {}
+        for splitting in args.splitting:
+            parts = [args.tag] + ([splitting] if len(args.splitting) > 1 else [])
+            tag = "".join(f"_{p}" for p in parts if p)
+            payload = run(
+                bench, args.timeout_scale, args.limit, args.method, splitting, tag,
+                args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
+                args.root_bounds, args.hard_warm_start,
+            )  # fmt: skip
+            print(f"{bench}, --splitting {splitting}:")
+            print(summary(payload["rows"]))
+            print("per property:", payload["per_property"])
+            print("contradictions with known answers:", payload["contradictions"] or "none")
+            answered[splitting] = sum(r["result"] in ("sat", "unsat") for r in payload["rows"])
+        if len(answered) > 1:
+            print(side_by_side(bench, answered))
+
+
+def side_by_side(bench: str, answered: dict[str, int]) -> str:
+    """The answered counts per splitting mode, and auto's against the best fixed mode."""
+    lines = [f"{bench}: answered per splitting mode", "mode      answered"]
+    lines += [f"{mode:<9} {count:>8}" for mode, count in answered.items()]
+    fixed = {m: c for m, c in answered.items() if m != "auto"}
+    if "auto" in answered and fixed:
+        best = max(fixed, key=fixed.get)
+        lines.append(f"auto - best fixed ({best}): {answered['auto'] - fixed[best]:+d}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

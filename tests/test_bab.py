@@ -97,7 +97,7 @@ def test_pruning_alone_never_proves_a_violated_region(monkeypatch):
     for seed in range(6):
         net = mlp([2, 12, 12, 3], seed)
         region = barely_violated(net, random_region(gen, net))
-        outcome = solve_region(net, region, time.monotonic() + 0.3)
+        outcome = solve_region(net, region, time.monotonic() + 0.3, BabConfig(splitting="input"))
         assert outcome.status == "timeout", (seed, outcome.stats)
         assert outcome.stats["domains"] > 10
 

@@ -13,8 +13,10 @@ linear neural network verification", JMLR).
   bounder, stratified bounder, branching, brancher, warm starts, search;
 - `config.py`: `BabConfig` and `ReluSplitConfig`.
 
-`solve_region` builds the network's graph once, picks input or ReLU splitting
-(`splitting_mode`) and runs that search on the graph.
+`solve_region` builds the network's graph once and runs on it the search `config.splitting`
+names, or with "auto" on a ReLU network both, as a portfolio (`portfolio.py`: the one the input
+count favours first, then turns by measured progress); a network with other activations is
+split on its inputs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from verify.bab.common import BatchSizer, RegionOutcome
 from verify.bab.config import SPLITTINGS, BabConfig, ReluSplitConfig
 from verify.bab.input.domains import Domains
 from verify.bab.input.search import RegionBab
+from verify.bab.portfolio import Lane, Portfolio, PortfolioConfig
 from verify.bab.relu.domains import ReluDomains, relu_graph, relu_only
 from verify.bab.relu.search import ReluBab
 from verify.property import Region
@@ -37,6 +40,7 @@ __all__ = [
     "BabConfig",
     "BatchSizer",
     "Domains",
+    "PortfolioConfig",
     "RegionBab",
     "RegionOutcome",
     "ReluBab",
@@ -55,8 +59,22 @@ def solve_region(
     built once, here, and given to the search."""
     config = config or BabConfig()
     graph = build_graph(net, input_shape(net, region))
+    if config.splitting == "auto" and relu_graph(graph):
+        return portfolio(net, region, config, seed, graph).run(deadline)
     search = SEARCHES[splitting_mode(net, region, config, graph)]
     return search(net, region, config, seed, graph).run(deadline)
+
+
+def portfolio(net: nn.Module, region: Region, config: BabConfig, seed: int,
+              graph: Graph) -> Portfolio:  # fmt: skip
+    """Input and ReLU splitting on `region` as a `Portfolio`, the one `splitting_mode` names
+    first (favoured by the input count: `config.portfolio.prior`)."""
+    first = splitting_mode(net, region, config, graph)
+    order = [first, "relu" if first == "input" else "input"]
+    priors = [config.portfolio.prior, 1 - config.portfolio.prior]
+    lanes = [Lane(name, SEARCHES[name](net, region, config, seed, graph), prior)
+             for name, prior in zip(order, priors)]  # fmt: skip
+    return Portfolio(lanes, config.portfolio, bool(region.unsafe))
 
 
 def input_shape(net: nn.Module, region: Region) -> tuple[int, ...]:

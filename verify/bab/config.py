@@ -102,6 +102,28 @@ TRIAL_SCORES = {
 
 
 @dataclass(frozen=True)
+class PortfolioConfig:
+    """probe: the fraction of the region's time the favoured search runs alone, and then the
+    least each search runs before the shares follow the measurements; turn: one turn's
+    fraction of the time (at least min_turn_seconds); floor: the least share of a search
+    still running; prior: the favoured search's share before any measurement."""
+
+    probe: float = 0.1
+    turn: float = 0.05
+    min_turn_seconds: float = 0.5
+    floor: float = 0.05
+    prior: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not (0 < self.probe < 1 and 0 < self.turn <= 1 and 0 < self.floor < 0.5
+                and 0.5 <= self.prior < 1 and self.min_turn_seconds > 0):  # fmt: skip
+            raise ValueError(
+                "need 0 < probe < 1, 0 < turn <= 1, 0 < floor < 0.5, 0.5 <= prior < 1 and "
+                "min_turn_seconds > 0"
+            )
+
+
+@dataclass(frozen=True)
 class BabConfig:
     """method: bounds for every domain; strong_method (None: off) for domains at depth >=
     strong_depth, with strong_options; batch_size: first domains per bounds call, adapted by
@@ -120,8 +142,10 @@ class BabConfig:
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
     domain that holds a counterexample; see `common.Float64Check`); root_float64: with the
     recheck on, input splitting bounds the region's box once in float64, with its rounding,
-    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (input splitting for at most input_split_max_dims
-    inputs or a network with other activations than ReLU, else ReLU splitting); relu: the
+    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
+    `verify.bab.portfolio`, favouring input splitting for at most input_split_max_dims inputs
+    and ReLU splitting otherwise; input splitting on other networks); portfolio: its
+    settings; relu: the
     ReLU-splitting settings (`method`, `strong_*`, `branching`, `trial_*` and `corner_domains`
     are input-splitting settings; the rest is shared); combine_rows: input splitting also
     bounds the midpoints of pairs of a polytope's rows (`UnsafeSpec.with_combinations`)."""
@@ -150,6 +174,7 @@ class BabConfig:
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
+    portfolio: PortfolioConfig = field(default_factory=PortfolioConfig)
     combine_rows: bool = True
 
     def __post_init__(self) -> None:
