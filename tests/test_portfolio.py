@@ -97,11 +97,11 @@ def test_shares_follow_the_measured_progress():
 
 
 def test_a_search_that_gives_up_leaves_the_other(monkeypatch):
-    monkeypatch.setattr(ReluBab, "too_many", lambda self, open_: True)
-    net, prop = milp_property(2, "unsat")  # 4 inputs
-    config = BabConfig(portfolio=PortfolioConfig(probe=0.01, prior=0.5))
-    outcome = solve_region(net, prop.regions[0], time.monotonic() + 20.0, config)
-    assert outcome.status == "unsat", outcome.stats
+    monkeypatch.setattr(RegionBab, "too_many", lambda self, open_: True)
+    net, prop = milp_property(2, "unsat")  # 4 inputs: input splitting, favoured, gives up
+    outcome = solve_region(net, prop.regions[0], time.monotonic() + 20.0, BabConfig())
+    lanes = outcome.stats["portfolio"]
+    assert outcome.status == "unsat" and lanes["input"]["ended"] == "unknown", lanes
 
 
 def test_both_giving_up_is_unknown(monkeypatch):
@@ -112,16 +112,28 @@ def test_both_giving_up_is_unknown(monkeypatch):
     assert outcome.status == "unknown", outcome.stats["portfolio"]
 
 
-def test_a_turn_predicted_past_its_end_keeps_its_domains(monkeypatch):
+def test_a_step_predicted_past_the_deadline_ends_the_search_in_time(monkeypatch):
     net, prop = hard_instance()
     search = RegionBab(net, prop.regions[0], BabConfig(splitting="input"))
     lane = Lane("input", search, 0.9)
-    assert lane.turn(time.monotonic() + 0.5) is None
-    before = lane.open_
+    assert lane.turn(time.monotonic() + 5.0) is None and len(lane.open_) > 0
     monkeypatch.setattr(RegionBab, "step", lambda self, open_: (_ for _ in ()).throw(
         DeadlineReachedError()))  # fmt: skip
-    assert lane.turn(time.monotonic() + 0.5) is None and lane.ended is None
-    assert lane.open_ is before and len(before) > 0
+    assert lane.turn(time.monotonic() + 5.0).status == "timeout" == lane.ended.status
+
+
+def test_the_second_search_starts_once_the_first_is_predicted_late():
+    config = PortfolioConfig()
+    second = FakeLane("relu", 0.1, 0.0, [0])
+    second.open_ = None
+    on_track = FakeLane("input", 0.9, 2.0, [2])  # 3/4 closed in 2 s: 2/3 s to go
+    late = FakeLane("input", 0.9, 2.0, [0, 1])  # open mass 1.5: nothing closed
+    now = time.monotonic()
+    assert Portfolio([on_track, second], config, True).second_waits(on_track, 10.0, now + 5)
+    assert not Portfolio([late, second], config, True).second_waits(late, 10.0, now + 5)
+    # during the probe (10% of 40 s), the first runs alone whatever its prediction
+    assert Portfolio([late, second], config, True).second_waits(late, 40.0, now + 5)
+    assert on_track.eta() == pytest.approx(2.0 / 3.0) and late.eta() == float("inf")
 
 
 def test_networks_beyond_relu_split_inputs_alone():

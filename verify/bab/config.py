@@ -103,24 +103,19 @@ TRIAL_SCORES = {
 
 @dataclass(frozen=True)
 class PortfolioConfig:
-    """probe: the fraction of the region's time the favoured search runs alone, and then the
-    least each search runs before the shares follow the measurements; turn: one turn's
-    fraction of the time (at least min_turn_seconds); floor: the least share of a search
-    still running; prior: the favoured search's share before any measurement."""
+    """probe: the fraction of the region's time the favoured search runs alone (then as long
+    as it is predicted to finish), the time the other's root may take, and the least each
+    search runs before the shares follow the measurements; floor: the least share of a search
+    still running; prior: the favoured search's share before any measurement
+    (`verify.bab.portfolio`)."""
 
     probe: float = 0.1
-    turn: float = 0.05
-    min_turn_seconds: float = 0.5
     floor: float = 0.05
     prior: float = 0.9
 
     def __post_init__(self) -> None:
-        if not (0 < self.probe < 1 and 0 < self.turn <= 1 and 0 < self.floor < 0.5
-                and 0.5 <= self.prior < 1 and self.min_turn_seconds > 0):  # fmt: skip
-            raise ValueError(
-                "need 0 < probe < 1, 0 < turn <= 1, 0 < floor < 0.5, 0.5 <= prior < 1 and "
-                "min_turn_seconds > 0"
-            )
+        if not (0 < self.probe < 1 and 0 < self.floor < 0.5 and 0.5 <= self.prior < 1):
+            raise ValueError("need 0 < probe < 1, 0 < floor < 0.5 and 0.5 <= prior < 1")
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,9 @@ class BabConfig:
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
     domain that holds a counterexample; see `common.Float64Check`); root_float64: with the
     recheck on, input splitting bounds the region's box once in float64, with its rounding,
-    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
+    instead of in float32 and again to recheck (`InputBounder.root64`), and on more than
+    input_split_max_dims inputs, if the root stays open, by strong_method too (with
+    root_strong_iterations, within root_strong_share of the time left; 0: off). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
     `verify.bab.portfolio`, favouring input splitting for at most input_split_max_dims inputs
     and ReLU splitting otherwise; input splitting on other networks); portfolio: its
     settings; relu: the
@@ -171,6 +168,8 @@ class BabConfig:
     float64_recheck: bool = True
     recheck_tol: float = 0.0
     root_float64: bool = True
+    root_strong_share: float = 0.3
+    root_strong_iterations: int = 50
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
@@ -185,6 +184,8 @@ class BabConfig:
             raise ValueError(f"need trial_dims >= 1 and trial_score in {sorted(TRIAL_SCORES)}")
         if not 1 <= self.min_batch <= self.batch_size <= self.max_batch:
             raise ValueError("need 1 <= min_batch <= batch_size <= max_batch")
+        if not 0 <= self.root_strong_share < 1 or self.root_strong_iterations < 0:
+            raise ValueError("need 0 <= root_strong_share < 1 and root_strong_iterations >= 0")
         if min(self.strong_depth, self.attack_every, self.prune_tol, self.recheck_tol) < 0:
             raise ValueError("strong_depth, attack_every, prune_tol and recheck_tol must be >= 0")
         if self.splitting not in SPLITTINGS:

@@ -2,17 +2,18 @@
 portfolio on one region, interleaved in turns on one clock (`Portfolio`), each turn given to
 the search that is predicted to finish first.
 
-- The search the input count favours (`prior_share`: input splitting for few inputs, ReLU
-  splitting for many) runs alone for the first `probe` of the time: what it finishes there
-  costs nothing more than before.
-- Then the other one starts, and the two alternate in turns of `turn` of the time (at least
-  `min_turn_seconds`), the next turn going to the search whose seconds so far, divided by its
-  share, are the smallest.
-- Once each has run `probe` of the time, the shares follow the measurements: a search that has
-  closed the fraction `f` of its tree in `s` seconds is predicted to need `s (1 - f) / f` more
-  (the closed fraction is one minus the open domains' mass, `sum 2^-depth`, over the root's),
-  and its share is proportional to the inverse of that, never below `floor`. A search that has
-  closed nothing keeps its prior.
+- The search the input count favours (`prior`: input splitting for few inputs, ReLU
+  splitting for many) runs alone for the first `probe` of the time, and after it as long as
+  it is predicted to finish in time: a search that has closed the fraction `f` of its tree in
+  `s` seconds is predicted to need `s (1 - f) / f` more (the closed fraction is one minus the
+  open domains' mass, `sum 2^-depth`, over the root's). What it finishes so costs nothing more
+  than it alone.
+- Once it is predicted not to finish, the other one starts (its root within a probe's time),
+  and the two alternate step by step, the next step going to the search whose seconds so far,
+  divided by its share, are the smallest. The shares are the priors until each has run
+  `probe` of the time; then proportional to the predicted speed of finishing,
+  `f / (s (1 - f))`, never below `floor` (a search that has closed nothing gets the floor;
+  neither: the priors).
 - The first search that answers "sat" or "unsat" answers; one that gives up ("unknown": too
   many domains, unsplittable domains) leaves the other alone.
 
@@ -56,32 +57,38 @@ class Lane:
             return 0.0
         return max(0.0, 1.0 - open_mass(self.open_) / self.root_mass)
 
-    def turn(self, until: float) -> RegionOutcome | None:
-        """Run the search until `until` (`time.monotonic()`; its root first, if not yet run):
-        steps (each sized to 30% of the time left) until a quarter of the turn is left or the
-        next is predicted not to fit. Returns its outcome once it ends ("sat", "unsat",
-        "unknown"; "timeout" when its root did not fit), None otherwise."""
+    def eta(self) -> float:
+        """Seconds it is predicted to need still: `s (1 - f) / f` after `s` seconds with the
+        fraction `f` of its tree closed (inf while nothing is closed)."""
+        f = self.closed()
+        return self.seconds * (1.0 - f) / f if f > 0 else float("inf")
+
+    def turn(self, deadline: float, root_until: float | None = None) -> RegionOutcome | None:
+        """One turn on the region's `deadline` (`time.monotonic()`): the search's root if not
+        yet run (before `root_until` when given: a later search's root gets a probe's time),
+        else one step, sized by the search to the time left. Returns its outcome once it ends
+        ("sat", "unsat", "unknown"; "timeout" when a step or the root is predicted past the
+        deadline), None otherwise."""
         search, tick = self.search, time.monotonic()
-        search.deadline = until
-        rest = 0.25 * (until - tick)
         try:
             if self.open_ is None:
+                search.deadline = deadline if root_until is None else min(deadline, root_until)
                 try:
                     self.open_, found = search.begin()
                 except DeadlineReachedError:
                     return self._end(RegionOutcome("timeout", None, search.stats))
+                finally:
+                    search.deadline = deadline
                 self.root_mass = max(open_mass(self.open_), 1.0)
-                if found is not None:
-                    return self._end(RegionOutcome("sat", found, search.stats))
-            while len(self.open_) and search.clock.left() > rest:
-                if search.too_many(self.open_):
-                    return self._end(RegionOutcome("unknown", None, search.stats))
+            elif search.too_many(self.open_):
+                return self._end(RegionOutcome("unknown", None, search.stats))
+            else:
                 try:
                     self.open_, found = search.step(self.open_)
-                except DeadlineReachedError:  # the next step would end past `until`
-                    break
-                if found is not None:
-                    return self._end(RegionOutcome("sat", found, search.stats))
+                except DeadlineReachedError:
+                    return self._end(RegionOutcome("timeout", None, search.stats))
+            if found is not None:
+                return self._end(RegionOutcome("sat", found, search.stats))
             if not len(self.open_):
                 status = "unknown" if search.unproven() else "unsat"
                 return self._end(RegionOutcome(status, None, search.stats))
@@ -109,19 +116,16 @@ class Portfolio:
         total = max(deadline - start, 1e-9)
         if not self.unsafe:
             return RegionOutcome("unsat", None, self._stats(self.lanes[0].search.stats))
-        c = self.config
-        slice_ = max(c.turn * total, c.min_turn_seconds)
+        for lane in self.lanes:
+            lane.search.deadline = deadline
         while time.monotonic() < deadline:
             live = [lane for lane in self.lanes if lane.ended is None]
             if not live:
                 break
-            lane = self._next(live, total)
-            first = lane.open_ is None and lane is not self.lanes[0]
-            # the second search's root gets a probe's time: its intermediate bounds are kept
-            length = max(slice_, c.probe * total) if first else slice_
-            if lane is self.lanes[0] and lane.seconds < c.probe * total:
-                length = c.probe * total - lane.seconds
-            outcome = lane.turn(min(deadline, time.monotonic() + length))
+            lane = self._next(live, total, deadline)
+            later_root = lane.open_ is None and lane is not self.lanes[0]
+            root_until = time.monotonic() + self.config.probe * total if later_root else None
+            outcome = lane.turn(deadline, root_until)
             if outcome is not None and outcome.status in ("sat", "unsat"):
                 return RegionOutcome(outcome.status, outcome.counterexample,
                                      self._stats(lane.search.stats))  # fmt: skip
@@ -130,16 +134,26 @@ class Portfolio:
         status = "unknown" if gave_up else "timeout"
         return RegionOutcome(status, None, self._stats(self.lanes[0].search.stats))
 
-    def _next(self, live: list[Lane], total: float) -> Lane:
-        """The search of the next turn: the favoured one alone during the probe, then the one
-        whose seconds over share are smallest."""
+    def _next(self, live: list[Lane], total: float, deadline: float) -> Lane:
+        """The search of the next turn: the favoured one alone during the probe and as long
+        as it is predicted to finish before the deadline; once it is not (or it has ended),
+        the one whose seconds over share are smallest."""
         first = self.lanes[0]
-        if first in live and first.seconds < self.config.probe * total:
+        if first in live and self.second_waits(first, total, deadline):
             return first
         if len(live) == 1:
             return live[0]
         shares = self.shares(total)
         return min(live, key=lambda lane: lane.seconds / shares[lane.name])
+
+    def second_waits(self, first: Lane, total: float, deadline: float) -> bool:
+        """Whether the second search is still not started: during the probe, and after it
+        while the favoured search's `eta` ends before the deadline."""
+        if any(lane.open_ is not None or lane.ended for lane in self.lanes[1:]):
+            return False
+        if first.seconds < self.config.probe * total:
+            return True
+        return first.eta() < deadline - time.monotonic()
 
     def shares(self, total: float) -> dict[str, float]:
         """Each search's share of the time: the priors until each has run `probe` of the time
