@@ -137,9 +137,7 @@ class BabConfig:
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
     domain that holds a counterexample; see `common.Float64Check`); root_float64: with the
     recheck on, input splitting bounds the region's box once in float64, with its rounding,
-    instead of in float32 and again to recheck (`InputBounder.root64`), and on more than
-    input_split_max_dims inputs, if the root stays open, by strong_method too (with
-    root_strong_iterations, within root_strong_share of the time left; 0: off). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
+    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
     `verify.bab.portfolio`, favouring input splitting for at most input_split_max_dims inputs
     and ReLU splitting otherwise; input splitting on other networks); portfolio: its
     settings; relu: the
@@ -168,8 +166,6 @@ class BabConfig:
     float64_recheck: bool = True
     recheck_tol: float = 0.0
     root_float64: bool = True
-    root_strong_share: float = 0.3
-    root_strong_iterations: int = 50
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)
@@ -184,8 +180,6 @@ class BabConfig:
             raise ValueError(f"need trial_dims >= 1 and trial_score in {sorted(TRIAL_SCORES)}")
         if not 1 <= self.min_batch <= self.batch_size <= self.max_batch:
             raise ValueError("need 1 <= min_batch <= batch_size <= max_batch")
-        if not 0 <= self.root_strong_share < 1 or self.root_strong_iterations < 0:
-            raise ValueError("need 0 <= root_strong_share < 1 and root_strong_iterations >= 0")
         if min(self.strong_depth, self.attack_every, self.prune_tol, self.recheck_tol) < 0:
             raise ValueError("strong_depth, attack_every, prune_tol and recheck_tol must be >= 0")
         if self.splitting not in SPLITTINGS:

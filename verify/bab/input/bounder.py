@@ -99,10 +99,6 @@ class InputBounder:
         rows64 = result.lower - spec.b
         margin64 = min_max(rows64 - self.check.tol, spec.owner, spec.n_polytopes)
         closed = bool(margin64[0] > 0)
-        if not closed and self._strong_root():
-            rows64 = torch.maximum(rows64, self.strong_root64(box) - spec.b)
-            margin64 = min_max(rows64 - self.check.tol, spec.owner, spec.n_polytopes)
-            closed = bool(margin64[0] > 0)
         self.stats["domains"] += 1
         self.check.record(1, 0, time.perf_counter() - tick)  # no float32 claim to fail
         self.stats["closed"] = self.stats.get("closed", 0) + int(closed)
@@ -111,30 +107,6 @@ class InputBounder:
         rows = rounded_down(rows64, d.rows.dtype).to(d.rows.device)
         margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes).clamp(max=0)
         return Domains(d.lower, d.upper, rows, margin, d.depth)
-
-    def _strong_root(self) -> bool:
-        """Whether the root is also bounded by the strong method: on more inputs than
-        `input_split_max_dims`, where splitting them tightens little, so a tighter root pays."""
-        c = self.config
-        n_in = self.root_box[0].shape[1]
-        return (
-            c.strong_method is not None
-            and c.root_strong_share > 0
-            and (n_in > c.input_split_max_dims)
-        )
-
-    def strong_root64(self, box: list[Tensor]) -> Tensor:
-        """Lower bounds of `C y` `[1, m]` on the root `box` (float64) by the strong method
-        with `root_strong_iterations`, within `root_strong_share` of the time left, its
-        rounding accounted for (sound as it stands)."""
-        method, options = self.methods[True]
-        c = self.config
-        config = method_config(method, {**options, "iterations": c.root_strong_iterations})
-        budget = Budget(seconds=max(1e-3, c.root_strong_share * self.clock.left()))
-        result = bounds(self.check.graph, lower=box[0], upper=box[1], C=self.check.spec.C,
-                        method=method, config=config, budget=budget)  # fmt: skip
-        self.stats["root_strong"] = True
-        return result.lower
 
     def retain(self, open_: Domains) -> None:
         """Nothing is kept per domain."""
