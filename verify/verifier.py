@@ -1,5 +1,6 @@
-"""`verify.verify`: decide a VNN-LIB property by attack, then branch and bound (input splitting
-for few inputs, ReLU splitting otherwise; see `verify.bab.splitting_mode`).
+"""`verify.verify`: decide a VNN-LIB property by attack, then branch and bound (on a ReLU network
+input and ReLU splitting as a portfolio, `verify.bab.portfolio`; input splitting otherwise;
+certificate mode and Ray shards: one mode, `verify.bab.splitting_mode`).
 
 Answers: "unsat" (the property holds: every region's domains were pruned by sound bounds),
 "sat" (a counterexample validated by a float64 forward pass), "timeout" (the time limit came
@@ -179,7 +180,8 @@ def verify(
     `method`: the bound method for every domain of input splitting (`config.method` is
     replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting bounds its
     domains by alpha-beta-CROWN. `splitting`: "auto", "input" or "relu" (replaces
-    `config.splitting` when given). The network runs in its own dtype and device;
+    `config.splitting` when given; "auto": on a ReLU network both as a portfolio,
+    `verify.bab.portfolio`). The network runs in its own dtype and device;
     counterexamples are checked in float64 on the CPU. Raises `InvalidLimitError` for a
     timeout that is not a finite number > 0 and `ShapeMismatchError` when the spec's numbers
     of inputs or outputs are not the network's, before any other work.

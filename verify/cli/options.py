@@ -81,13 +81,15 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "--method",
         type=method_option,
         help=f"bound method per input-split domain ({DEFAULT_METHOD}); ReLU splitting always "
-        "uses alpha-beta-CROWN, so --method with it is an error",
+        "uses alpha-beta-CROWN, so --method with --splitting relu is an error",
     )
     parser.add_argument(
         "--splitting",
         choices=SPLITTINGS,
         default="auto",
-        help="branch on inputs, on ReLUs, or auto: inputs for small input dimensions (auto)",
+        help="branch on inputs, on ReLUs, or auto (the default): on a ReLU network both, "
+        "interleaved by measured progress, the one the input count favours first (inputs for "
+        "at most 12); inputs on other networks",
     )
     parser.add_argument(
         "--prox-sweeps",
@@ -197,8 +199,10 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
 def check_method(
     args: argparse.Namespace, net: torch.nn.Module, prop: VnnlibProperty, config: BabConfig
 ) -> None:
-    """`--method` only applies to input splitting: refuse it where ReLU splitting would run."""
-    if args.method is None:
+    """`--method` only applies to input splitting: refuse it where ReLU splitting alone would
+    run (`--splitting relu`; "auto" also runs input splitting, with `--method`, beside ReLU
+    splitting on ReLU networks)."""
+    if args.method is None or args.splitting != "relu":
         return
     chosen = BabConfig(splitting=args.splitting, relu=config.relu)
     if any(splitting_mode(net, region, chosen) == "relu" for region in prop.regions):
