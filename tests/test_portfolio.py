@@ -14,7 +14,7 @@ import torch
 import verify
 from tests.test_relu_bab import barely_violated, hard_instance, milp_property, mlp
 from verify.bab import BabConfig, PortfolioConfig, RegionBab, ReluBab, solve_region
-from verify.bab.common import DeadlineReachedError
+from verify.bab.common import DeadlineReachedError, RegionOutcome
 from verify.bab.input.domains import Domains
 from verify.bab.portfolio import Lane, Portfolio, open_mass
 from verify.property import Polytope, Region
@@ -150,3 +150,20 @@ def test_config_is_checked():
         PortfolioConfig(probe=0.0)
     with pytest.raises(ValueError, match="prior"):
         PortfolioConfig(prior=0.2)
+
+
+def test_the_second_search_starts_only_if_its_root_fits():
+    config = PortfolioConfig()
+    second = FakeLane("relu", 0.1, 0.0, [0])
+    second.open_ = None
+    first = FakeLane("input", 0.9, 6.0, [0])  # nothing closed: predicted late
+    first.root_seconds = 5.0
+    portfolio = Portfolio([first, second], config, True)
+    now = time.monotonic()
+    # probe: 10% of 20 s = 2 s; the root needs 5 s + 2 s
+    assert portfolio.second_waits(first, 20.0, now + 6.0)
+    assert not portfolio.second_waits(first, 20.0, now + 8.0)
+    # the favoured search has ended and too little time is left: nothing runs
+    first.ended = RegionOutcome("unknown")
+    assert portfolio._next([second], 20.0, now + 6.0) is None
+    assert portfolio._next([second], 20.0, now + 8.0) is second

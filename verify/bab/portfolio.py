@@ -8,7 +8,8 @@ the search that is predicted to finish first.
   `s` seconds is predicted to need `s (1 - f) / f` more (the closed fraction is one minus the
   open domains' mass, `sum 2^-depth`, over the root's). What it finishes so costs nothing more
   than it alone.
-- Once it is predicted not to finish, the other one starts (its root within a probe's time),
+- Once it is predicted not to finish, the other one starts (its root within a probe's time,
+  and only if the time left is at least the first root's seconds plus a probe's time),
   and the two alternate step by step, the next step going to the search whose seconds so far,
   divided by its share, are the smallest. The shares are the priors until each has run
   `probe` of the time; then proportional to the predicted speed of finishing,
@@ -48,7 +49,7 @@ class Lane:
     def __init__(self, name: str, search: Search, prior: float) -> None:
         self.name, self.search, self.prior = name, search, prior
         self.open_: DomainBatch | None = None
-        self.seconds, self.root_mass = 0.0, 0.0
+        self.seconds, self.root_mass, self.root_seconds = 0.0, 0.0, 0.0
         self.ended: RegionOutcome | None = None
 
     def closed(self) -> float:
@@ -80,6 +81,7 @@ class Lane:
                 finally:
                     search.deadline = deadline
                 self.root_mass = max(open_mass(self.open_), 1.0)
+                self.root_seconds = time.monotonic() - tick
             elif search.too_many(self.open_):
                 return self._end(RegionOutcome("unknown", None, search.stats))
             else:
@@ -123,6 +125,8 @@ class Portfolio:
             if not live:
                 break
             lane = self._next(live, total, deadline)
+            if lane is None:
+                break
             later_root = lane.open_ is None and lane is not self.lanes[0]
             root_until = time.monotonic() + self.config.probe * total if later_root else None
             outcome = lane.turn(deadline, root_until)
@@ -134,26 +138,35 @@ class Portfolio:
         status = "unknown" if gave_up else "timeout"
         return RegionOutcome(status, None, self._stats(self.lanes[0].search.stats))
 
-    def _next(self, live: list[Lane], total: float, deadline: float) -> Lane:
+    def _next(self, live: list[Lane], total: float, deadline: float) -> Lane | None:
         """The search of the next turn: the favoured one alone during the probe and as long
         as it is predicted to finish before the deadline; once it is not (or it has ended),
-        the one whose seconds over share are smallest."""
+        the one whose seconds over share are smallest. A search not yet started starts only if
+        its root fits: the time left is at least the favoured root's seconds (both roots
+        bound the region's box by CROWN first, and a first chunk of neurons has no
+        prediction to stop it) plus a probe's time. None: nothing can run."""
         first = self.lanes[0]
+        fits = deadline - time.monotonic() >= first.root_seconds + self.config.probe * total
+        startable = [lane for lane in live if lane.open_ is not None or lane is first or fits]
         if first in live and self.second_waits(first, total, deadline):
             return first
-        if len(live) == 1:
-            return live[0]
+        if len(startable) <= 1:
+            return startable[0] if startable else None
         shares = self.shares(total)
-        return min(live, key=lambda lane: lane.seconds / shares[lane.name])
+        return min(startable, key=lambda lane: lane.seconds / shares[lane.name])
 
     def second_waits(self, first: Lane, total: float, deadline: float) -> bool:
-        """Whether the second search is still not started: during the probe, and after it
-        while the favoured search's `eta` ends before the deadline."""
+        """Whether the second search is still not started: during the probe, after it while
+        the favoured search's `eta` ends before the deadline, and when its root would not fit
+        (see `_next`)."""
         if any(lane.open_ is not None or lane.ended for lane in self.lanes[1:]):
             return False
+        left = deadline - time.monotonic()
         if first.seconds < self.config.probe * total:
             return True
-        return first.eta() < deadline - time.monotonic()
+        if left < first.root_seconds + self.config.probe * total:
+            return True
+        return first.eta() < left
 
     def shares(self, total: float) -> dict[str, float]:
         """Each search's share of the time: the priors until each has run `probe` of the time
