@@ -11,7 +11,7 @@ from torch import Tensor
 
 from bounds.graph.graph import Graph
 from bounds.methods.backward import LinesFn
-from bounds.methods.pacing import Pacer, passed
+from bounds.methods.pacing import passed
 
 # Largest functional (batch x specs x elements of a node) processed at once: 2^25 floats.
 MAX_FUNCTIONAL_ELEMENTS = 1 << 25
@@ -63,28 +63,44 @@ def bound_in_chunks(
     index[offset:offset+count]` (e.g. `unit_functionals(part, ...)`, or `patch_bound`).
     `step`: neurons per chunk (default `neuron_chunk`; compiled callers fix it outside).
     `deadline` (`time.monotonic()`): at most an eighth of the neurons (and no fewer than
-    `DEADLINE_CHUNK`) per chunk, and the chunks left once it has passed, or once the next one
-    is predicted (from the last two) to end past it, are not bounded: their neurons get
-    `-inf` / `+inf` (no information: the caller's intervals stay as they are). `durations`:
-    the seconds of earlier chunks (of other layers too; appended to): a first chunk predicted
-    from them to end past the deadline is not started either."""
-    step = step or neuron_chunk(graph, batch, index.numel())
+    `DEADLINE_CHUNK`) per chunk, each sized to at most a quarter of the time left at the
+    measured seconds per neuron (the slower of the last two chunks; before any measurement of
+    this pass, `DEADLINE_CHUNK` neurons), and the chunks left once it has passed, or once the
+    next one is predicted to end past it, are not bounded: their neurons get `-inf` / `+inf`
+    (no information: the caller's intervals stay as they are). `durations`: the seconds of
+    earlier chunks (of other layers too; appended to): a first chunk predicted from them to
+    end past the deadline is not started either."""
+    count = index.numel()
+    step = step or neuron_chunk(graph, batch, count)
+    size = step
     if deadline is not None:  # finer chunks: a chunk that crosses the deadline is small
-        step = min(step, max(DEADLINE_CHUNK, -(-index.numel() // 8)))
+        step = min(step, max(DEADLINE_CHUNK, -(-count // 8)))
+        # nothing measured yet in this pass: a first chunk of DEADLINE_CHUNK neurons measures
+        # the cost (one first chunk of a large convolution took 5 s against a 0.5 s budget)
+        size = step if durations else min(step, DEADLINE_CHUNK)
     lowers, uppers = [], []
-    pacer = None if deadline is None else Pacer(deadline)  # None: compiled callers
+    rates: list[float] = []  # seconds per neuron of this layer's chunks
     stop = passed(deadline) or predicted_past(deadline, durations)
-    for offset in range(0, index.numel(), step):
-        part = index[offset : offset + step]
+    offset = 0
+    while offset < count:
+        if not stop and deadline is not None and rates:
+            left = deadline - time.monotonic()
+            size = int(min(step, max(DEADLINE_CHUNK, 0.25 * left / max(rates[-2:]))))
+            stop = max(rates[-2:]) * min(size, count - offset) > left
+        part = index[offset : offset + size]
+        offset += part.numel()
         if stop:
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
-        tick = time.monotonic() if durations is not None else 0.0  # no clock in compiled code
-        result = lower_bound(part, offset)
+        tick = time.monotonic() if durations is not None or deadline is not None else 0.0
+        result = lower_bound(part, offset - part.numel())
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
-        if durations is not None:
-            durations.append(time.monotonic() - tick)
-        stop = pacer is not None and pacer.done()
+        if durations is not None or deadline is not None:  # no clock in compiled code
+            seconds = time.monotonic() - tick
+            rates.append(seconds / part.numel())
+            if durations is not None:
+                durations.append(seconds)
+        stop = passed(deadline)
     return torch.cat(lowers, 1), torch.cat(uppers, 1)
