@@ -133,11 +133,10 @@ def _predicted(path: Path) -> int:
         return int(net(x).argmax())
 
 
-def run_mode(work: Path, csv: Path, splitting: str, scale: float) -> list[dict]:
+def run_mode(work: Path, csv: Path, splitting: str) -> list[dict]:
     argv = [
         "run-all", str(csv), "--root", str(work), "--out",
-        str(RESULTS / f"biasfield_{splitting}.csv"), "--timeout-scale", str(scale),
-        "--splitting", splitting, "--device", "cpu", "--threads", "1",
+        str(RESULTS / f"biasfield_{splitting}.csv"), "--splitting", splitting, "--device", "cpu", "--threads", "1",
     ]  # fmt: skip
     return run_all(build_parser().parse_args(argv))
 
@@ -157,7 +156,7 @@ def main() -> None:
     table: dict[str, list[dict]] = {}
     for mode in args.modes:
         start = time.monotonic()
-        table[mode] = run_mode(args.work, csv, mode, 1.0)
+        table[mode] = run_mode(args.work, csv, mode)
         print(f"--splitting {mode} ({time.monotonic() - start:.0f} s):")
         print(summary(table[mode]))
     solved = {m: sum(r["result"] in ("sat", "unsat") for r in rows) for m, rows in table.items()}

@@ -79,25 +79,26 @@ def bound_in_chunks(
         # the cost (one first chunk of a large convolution took 5 s against a 0.5 s budget)
         size = step if durations else min(step, DEADLINE_CHUNK)
     lowers, uppers = [], []
+    timed = durations is not None or deadline is not None  # no clock in compiled code
     rates: list[float] = []  # seconds per neuron of this layer's chunks
     stop = passed(deadline) or predicted_past(deadline, durations)
     offset = 0
     while offset < count:
         if not stop and deadline is not None and rates:
-            left = deadline - time.monotonic()
-            size = int(min(step, max(DEADLINE_CHUNK, 0.25 * left / max(rates[-2:]))))
-            stop = max(rates[-2:]) * min(size, count - offset) > left
+            left, rate = deadline - time.monotonic(), max(rates[-2:])
+            size = int(min(step, max(DEADLINE_CHUNK, 0.25 * left / rate)))
+            stop = rate * min(size, count - offset) > left
         part = index[offset : offset + size]
         offset += part.numel()
         if stop:
             lowers.append(like.new_full((batch, part.numel()), -torch.inf))
             uppers.append(like.new_full((batch, part.numel()), torch.inf))
             continue
-        tick = time.monotonic() if durations is not None or deadline is not None else 0.0
+        tick = time.monotonic() if timed else 0.0
         result = lower_bound(part, offset - part.numel())
         lowers.append(result[:, : part.numel()])
         uppers.append(-result[:, part.numel() :])
-        if durations is not None or deadline is not None:  # no clock in compiled code
+        if timed:
             seconds = time.monotonic() - tick
             rates.append(seconds / part.numel())
             if durations is not None:

@@ -88,7 +88,8 @@ def splitting_mode(
     """The splitting mode, "input" or "relu": `config.splitting` unless "auto", which splits
     inputs when there are at most `config.input_split_max_dims` of them (a few input splits
     tighten bounds a lot there) or when the network has other activations than ReLU, and ReLUs
-    otherwise (`graph`: the network's when the caller has built it)."""
+    otherwise (`graph`: the network's when the caller has built it). With "auto", the mode the
+    portfolio runs first (`solve_region`), and the one mode of certificates and Ray shards."""
     if config.splitting != "auto":
         return config.splitting
     if len(region.lower) <= config.input_split_max_dims:

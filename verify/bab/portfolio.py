@@ -18,9 +18,9 @@ the search that is predicted to finish first.
 - The first search that answers "sat" or "unsat" answers; one that gives up ("unknown": too
   many domains, unsplittable domains) leaves the other alone.
 
-Each search keeps its own domains, batch sizes and attacks; the region's deadline holds across
-both (every turn's slice ends before it). Input splitting alone for networks that are not ReLU
-only (`verify.bab.solve_region`).
+Each search keeps its own domains, batch sizes and attacks; both run on the region's deadline
+(each step sized by its search to the time left). Input splitting alone for networks that are
+not ReLU only (`verify.bab.solve_region`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class Portfolio:
         bound the region's box by CROWN first, and a first chunk of neurons has no
         prediction to stop it) plus a probe's time. None: nothing can run."""
         first = self.lanes[0]
-        fits = deadline - time.monotonic() >= first.root_seconds + self.config.probe * total
+        fits = self.root_fits(total, deadline)
         startable = [lane for lane in live if lane.open_ is not None or lane is first or fits]
         if first in live and self.second_waits(first, total, deadline):
             return first
@@ -155,30 +155,30 @@ class Portfolio:
         shares = self.shares(total)
         return min(startable, key=lambda lane: lane.seconds / shares[lane.name])
 
+    def root_fits(self, total: float, deadline: float) -> bool:
+        """Whether a later search's root fits: the time left is at least the favoured root's
+        seconds plus a probe's time (see `_next`)."""
+        left = deadline - time.monotonic()
+        return left >= self.lanes[0].root_seconds + self.config.probe * total
+
     def second_waits(self, first: Lane, total: float, deadline: float) -> bool:
         """Whether the second search is still not started: during the probe, after it while
         the favoured search's `eta` ends before the deadline, and when its root would not fit
-        (see `_next`)."""
+        (`root_fits`)."""
         if any(lane.open_ is not None or lane.ended for lane in self.lanes[1:]):
             return False
-        left = deadline - time.monotonic()
-        if first.seconds < self.config.probe * total:
+        if first.seconds < self.config.probe * total or not self.root_fits(total, deadline):
             return True
-        if left < first.root_seconds + self.config.probe * total:
-            return True
-        return first.eta() < left
+        return first.eta() < deadline - time.monotonic()
 
     def shares(self, total: float) -> dict[str, float]:
         """Each search's share of the time: the priors until each has run `probe` of the time
         and one has closed part of its tree; then proportional to its predicted speed of
-        finishing (closed fraction per second over the fraction left), at least `floor`."""
+        finishing (`1 / eta`), at least `floor`."""
         c = self.config
         prior = {lane.name: lane.prior for lane in self.lanes}
         probed = all(lane.seconds >= c.probe * total for lane in self.lanes)
-        speed = {}
-        for lane in self.lanes:
-            f = lane.closed()
-            speed[lane.name] = f / max(lane.seconds, 1e-9) / max(1.0 - f, 1e-9)
+        speed = {lane.name: 1.0 / max(lane.eta(), 1e-9) for lane in self.lanes}
         if not probed or not any(speed.values()):
             return prior
         norm = sum(speed.values())

@@ -99,7 +99,7 @@ def prepared(
     prop = load_vnnlib(resolve(Path.cwd(), str(args.property)), deadline=deadline)
     net = load_networks(network_paths(Path.cwd(), str(args.network)), args.device, prop)
     config = bab_config(args)
-    check_method(args, net, prop, config)
+    check_method(args)
     return net, prop, config
 
 
@@ -143,7 +143,7 @@ def vnncomp_instance(
     if found is None:
         return prepared(args, deadline)
     config = bab_config(args)
-    check_method(args, found[0], found[1], config)
+    check_method(args)
     return found[0], found[1], config
 
 
@@ -221,7 +221,7 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
     key = ";".join(map(str, net_paths))
     if key not in nets or prop.networks:  # a product is laid out by its property
         nets[key] = load_networks(net_paths, args.device, prop)
-    check_method(args, nets[key], prop, config)
+    check_method(args)
     budget = instance.timeout * args.timeout_scale - (time.monotonic() - start)
     if budget <= 0:
         return "timeout"

@@ -15,7 +15,7 @@ import torch
 
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods, methods_with
-from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig, splitting_mode
+from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig
 from verify.distributed.cluster import require_ray
 from verify.io.onnx_loader import load_onnx
 from verify.product import product_network
@@ -196,16 +196,11 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     return BabConfig(relu=relu)
 
 
-def check_method(
-    args: argparse.Namespace, net: torch.nn.Module, prop: VnnlibProperty, config: BabConfig
-) -> None:
-    """`--method` only applies to input splitting: refuse it where ReLU splitting alone would
-    run (`--splitting relu`; "auto" also runs input splitting, with `--method`, beside ReLU
+def check_method(args: argparse.Namespace) -> None:
+    """`--method` only applies to input splitting: refuse it with `--splitting relu`, where
+    ReLU splitting alone runs ("auto" also runs input splitting, with `--method`, beside ReLU
     splitting on ReLU networks)."""
-    if args.method is None or args.splitting != "relu":
-        return
-    chosen = BabConfig(splitting=args.splitting, relu=config.relu)
-    if any(splitting_mode(net, region, chosen) == "relu" for region in prop.regions):
+    if args.method is not None and args.splitting == "relu":
         raise VerificationInputError(
             f"--method {args.method} applies to input splitting only; this instance is verified "
             "by ReLU splitting, which bounds its domains with alpha-beta-CROWN (drop --method "

@@ -134,7 +134,7 @@ def solve_job(job: Job, settings: Settings) -> Answer:
     try:
         net = cached_network(job.network, settings.device)
         prop = load_vnnlib(Path(job.property))
-        check_method(options, net, prop, config)
+        check_method(options)
     except (VerificationInputError, OSError) as error:
         return Answer(job.index, None, error=str(error), pid=os.getpid())
     budget = job.budget - queued - (time.monotonic() - start)
