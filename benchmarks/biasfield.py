@@ -1,6 +1,7 @@
 """Bias-field instances: 16 inputs in front of an 8-layer CIFAR conv net, the shape of
 VNN-COMP 2022's `cifar_biasfield` (whose networks we do not have), through `run-all` with
-`--splitting input`, `relu` and `auto`, side by side.
+`--splitting input`, `relu` and `auto`, side by side (a mode can add `+smart`, `+smear` or
+`+widest`, the input branching, and `+noclip`).
 
     python -m benchmarks.biasfield --images 12 --limit 30
 
@@ -133,10 +134,21 @@ def _predicted(path: Path) -> int:
         return int(net(x).argmax())
 
 
-def run_mode(work: Path, csv: Path, splitting: str) -> list[dict]:
+def mode_argv(mode: str) -> list[str]:
+    """The options of a mode: `<splitting>[+<input branching>][+noclip]`, e.g. `input+smart`
+    or `auto+smear+noclip`."""
+    splitting, *extras = mode.split("+")
+    argv = ["--splitting", splitting]
+    for extra in extras:
+        argv += ["--no-clip"] if extra == "noclip" else ["--input-branching", extra]
+    return argv
+
+
+def run_mode(work: Path, csv: Path, mode: str) -> list[dict]:
     argv = [
         "run-all", str(csv), "--root", str(work), "--out",
-        str(RESULTS / f"biasfield_{splitting}.csv"), "--splitting", splitting, "--device", "cpu", "--threads", "1",
+        str(RESULTS / f"biasfield_{mode.replace('+', '_')}.csv"), *mode_argv(mode),
+        "--device", "cpu", "--threads", "1",
     ]  # fmt: skip
     return run_all(build_parser().parse_args(argv))
 
@@ -146,7 +158,10 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=12)
     parser.add_argument("--eps", type=float, nargs="+", default=[0.02, 0.04])
     parser.add_argument("--limit", type=float, default=30.0, help="seconds per instance")
-    parser.add_argument("--modes", nargs="+", default=["input", "relu", "auto"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["input", "relu", "auto"],
+        help="splitting modes, each optionally with +<input branching> and +noclip",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "biasfield")
     args = parser.parse_args()
     if not NET.is_file():

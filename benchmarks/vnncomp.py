@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cactus import plot
 from benchmarks.common import DATA, RESULTS, write_json
-from verify.bab import SPLITTINGS, ReluSplitConfig
+from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig
 from verify.cli.main import build_parser, run_all
 from verify.cli.rows import summary
 
@@ -47,6 +47,7 @@ def run(
     prox_sweeps: int = 0, instances: Path | None = None, hard_bounder: str = "prox",
     hard_stall: int = 0, root_bounds: str = ReluSplitConfig.root_intermediate,
     hard_warm_start: bool = ReluSplitConfig.hard_warm_start,
+    input_branching: str = BabConfig.branching, clip: bool = BabConfig.clip,
 ) -> dict:  # fmt: skip
     name = f"vnncomp_{bench}{tag}"
     folder = DATA / "vnncomp2022" / bench
@@ -57,6 +58,7 @@ def run(
         "--hard-bounder", hard_bounder, "--hard-stall", str(hard_stall), "--device", "cpu",
         "--threads", "1", "--root-bounds", root_bounds,
         "--hard-warm-start" if hard_warm_start else "--no-hard-warm-start",
+        "--input-branching", input_branching, "--clip" if clip else "--no-clip",
     ]  # fmt: skip
     if method is not None:
         argv += ["--method", method]
@@ -75,6 +77,8 @@ def run(
         "hard_stall": hard_stall,
         "root_bounds": root_bounds,
         "hard_warm_start": hard_warm_start,
+        "input_branching": input_branching,
+        "clip": clip,
         "instances": str(args.instances),
         "threads": torch.get_num_threads(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -122,6 +126,13 @@ def main() -> None:
         "--hard-warm-start", action=argparse.BooleanOptionalAction,
         default=ReluSplitConfig.hard_warm_start, help="see python -m verify run -h",
     )  # fmt: skip
+    parser.add_argument(
+        "--input-branching", default=BabConfig.branching, help="see python -m verify run -h"
+    )
+    parser.add_argument(
+        "--clip", action=argparse.BooleanOptionalAction, default=BabConfig.clip,
+        help="see python -m verify run -h",
+    )  # fmt: skip
     args = parser.parse_args()
     if not DATA.is_dir():
         sys.exit(f"the shared data folder {DATA} is absent")
@@ -134,7 +145,7 @@ def main() -> None:
             payload = run(
                 bench, args.timeout_scale, args.limit, args.method, splitting, tag,
                 args.prox_sweeps, args.instances, args.hard_bounder, args.hard_stall,
-                args.root_bounds, args.hard_warm_start,
+                args.root_bounds, args.hard_warm_start, args.input_branching, args.clip,
             )  # fmt: skip
             print(f"{bench}, --splitting {splitting}:")
             print(summary(payload["rows"]))

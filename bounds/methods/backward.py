@@ -140,6 +140,17 @@ def backward_bound(
     With the (sound) `intervals` of every node the pass reaches, the bound holds in floating
     point: every step's rounding is bounded and subtracted (`backward_pass`).
     """
+    return backward_linear(graph, start, A, box, lines, intervals)[0]
+
+
+def backward_linear(
+    graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn,
+    intervals: dict[str, Interval] | None = None,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """`backward_bound`, and the functional on the input that it minimised over the box
+    (`[batch, specs, *input_shape]`, None if the pass does not reach the input): with
+    `intervals`, `A . v_start >= a . x + (bound - min_box a . x)` for every `x` in the box, in
+    exact arithmetic on the computed `a` (`backward_pass`)."""
 
     def relax(node: Node, coeff: Tensor):
         line = lines(node.name)
@@ -157,7 +168,7 @@ def backward_bound(
             ),
         )
 
-    return backward_pass(graph, start, A, box, relax, intervals)[0]
+    return backward_pass(graph, start, A, box, relax, intervals)
 
 
 def backward_pass(

@@ -27,6 +27,7 @@ from bounds.methods.backward import (
     LinesFn,
     add_rounding,
     backward_bound,
+    backward_linear,
     concretize,
     lower_over,
     output_interval,
@@ -368,6 +369,7 @@ def interval_bound(C: Tensor, output: Interval) -> Tensor:
 def crown(
     graph: Graph, box: Interval, C: Tensor, given: dict[str, Interval] | None = None,
     every_neuron: bool = False, deadline: float | None = None, exact: bool = True,
+    linear: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Interval]]:  # fmt: skip
     """CROWN bounds on `C . y`: `(lower [B, S], upper [B, S], intervals per node)`
     (`every_neuron`, `deadline`: see `crown_intervals`; past the deadline the neurons left keep
@@ -375,9 +377,16 @@ def crown(
     is predicted (as long as the longest intermediate chunk) to end past it, the output's
     interval gives the bounds: a pass through a large network can take seconds). A float32
     network's bounds are computed in float64 and rounded outward (`bounds.rounding`);
-    `exact=False`: see `crown_intervals`."""
+    `exact=False`: see `crown_intervals`.
+
+    `linear` (a dict, filled when the output's pass ran): "A" `[B, S, n_in]`, the functional
+    on the (flattened) input of the lower bounds of `C . y`, and "lower" `[B, S]` the bounds
+    that pass gave (before the interval bound's maximum): `C . y >= A . x + (lower - min_box
+    A . x)` on the box, exactly when `exact` (in float64 then, also for a float32 network;
+    `backward_linear`)."""
     if exact and box.lower.dtype != torch.float64:
-        return bounds_in_float64(crown, graph, box, C, given, every_neuron, deadline)
+        args = (every_neuron, deadline, True, linear)
+        return bounds_in_float64(crown, graph, box, C, given, *args)
     durations: list[float] = []
     intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
     result = interval_bound(C, intervals[graph.output.name])
@@ -386,9 +395,12 @@ def crown(
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
         tracked = intervals if exact else None
-        result = torch.maximum(
-            result, backward_bound(graph, graph.output.name, A, box, lines, tracked)
-        )
+        found, functional = backward_linear(graph, graph.output.name, A, box, lines, tracked)
+        result = torch.maximum(result, found)
+        if linear is not None and functional is not None:
+            specs = C.shape[1]
+            linear["A"] = functional[:, :specs].flatten(2)
+            linear["lower"] = found[:, :specs]
     lower, upper = split_output(result)
     return lower, upper, intervals
 
@@ -406,4 +418,8 @@ def crown_intermediate(
     "crown", NoConfig, "CROWN / Wong-Kolter backward linear bounds", intermediate=crown_intermediate
 )
 def _crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
-    return (*crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact), {})
+    """stats: "input_functional" and "linear_lower", the output pass's `linear` (`crown`)."""
+    linear: dict[str, Tensor] = {}
+    found = crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact, linear=linear)
+    stats = {"input_functional": linear["A"], "linear_lower": linear["lower"]} if linear else {}
+    return (*found, stats)

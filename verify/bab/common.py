@@ -67,26 +67,28 @@ Found = tuple[Tensor, Tensor] | None  # a validated counterexample (x, y), or No
 
 class DomainBatch:
     """Base of the domain dataclasses: every field a tensor with one row per domain, one of
-    them `margin [N]` (> 0: the domain is excluded)."""
+    them `margin [N]` (> 0: the domain is excluded); an optional field may be None in every
+    batch of a search (then it stays None)."""
 
     margin: Tensor
 
     def __len__(self) -> int:
         return self.margin.shape[0]
 
-    def _fields(self) -> tuple[Tensor, ...]:
+    def _fields(self) -> tuple[Tensor | None, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
 
     def take(self: D, index: Tensor) -> D:
         """The domains at `index` (in order)."""
-        return type(self)(*(t[index] for t in self._fields()))
+        return type(self)(*(None if t is None else t[index] for t in self._fields()))
 
     def put(self: D, index: Tensor, other: D) -> D:
         """A copy with the domains at `index` replaced by `other`'s (in order)."""
         out = []
         for mine, theirs in zip(self._fields(), other._fields()):
-            mine = mine.clone()
-            mine[index] = theirs
+            if mine is not None:
+                mine = mine.clone()
+                mine[index] = theirs
             out.append(mine)
         return type(self)(*out)
 
@@ -102,7 +104,8 @@ class DomainBatch:
     @classmethod
     def cat(cls: type[D], parts: list[D]) -> D:
         """The domains of `parts`, concatenated."""
-        return cls(*(torch.cat(ts) for ts in zip(*(p._fields() for p in parts))))
+        columns = zip(*(p._fields() for p in parts))
+        return cls(*(None if ts[0] is None else torch.cat(ts) for ts in columns))
 
 
 @dataclass

@@ -137,7 +137,9 @@ class BabConfig:
     before a domain is pruned (off only to measure what it costs: rounding can then prune a
     domain that holds a counterexample; see `common.Float64Check`); root_float64: with the
     recheck on, input splitting bounds the region's box once in float64, with its rounding,
-    instead of in float32 and again to recheck (`InputBounder.root64`). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
+    instead of in float32 and again to recheck (`InputBounder.root64`); clip: that float64
+    bound's linear functionals also clip the region's box to where a counterexample can lie
+    (`verify.bab.input.clip`). splitting: "input", "relu" or "auto" (on a ReLU network both, as a portfolio,
     `verify.bab.portfolio`, favouring input splitting for at most input_split_max_dims inputs
     and ReLU splitting otherwise; input splitting on other networks); portfolio: its
     settings; relu: the
@@ -166,6 +168,7 @@ class BabConfig:
     float64_recheck: bool = True
     recheck_tol: float = 0.0
     root_float64: bool = True
+    clip: bool = True
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)

@@ -16,6 +16,7 @@ import torch
 from bounds.errors import VerificationInputError
 from bounds.registry import available_methods, methods_with
 from verify.bab import SPLITTINGS, BabConfig, ReluSplitConfig
+from verify.bab.branchers import INPUT_BRANCHINGS
 from verify.distributed.cluster import require_ray
 from verify.io.onnx_loader import load_onnx
 from verify.product import product_network
@@ -90,6 +91,21 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         help="branch on inputs, on ReLUs, or auto (the default): on a ReLU network both, "
         "interleaved by measured progress, the one the input count favours first (inputs for "
         "at most 12); inputs on other networks",
+    )
+    parser.add_argument(
+        "--input-branching",
+        choices=INPUT_BRANCHINGS.names(),
+        default=BabConfig.branching,
+        help="input splitting: the dimension to halve, by |coefficient| x width of the "
+        "critical row's linear bound (smart), by |gradient| x width at the box's centre "
+        f"(smear) or by normalised width (widest); default {BabConfig.branching}",
+    )
+    parser.add_argument(
+        "--clip",
+        action=argparse.BooleanOptionalAction,
+        default=BabConfig.clip,
+        help="input splitting: clip the region's box to where a counterexample can lie, by "
+        "the root's float64 linear bounds (default on)",
     )
     parser.add_argument(
         "--prox-sweeps",
@@ -193,7 +209,9 @@ def bab_config(args: argparse.Namespace) -> BabConfig:
     warm = getattr(args, "hard_warm_start", ReluSplitConfig.hard_warm_start)
     relu = ReluSplitConfig(prox_iterations=sweeps, hard_bounder=bounder, hard_stall=stall,
                            root_intermediate=root, hard_warm_start=warm)  # fmt: skip
-    return BabConfig(relu=relu)
+    branching = getattr(args, "input_branching", BabConfig.branching)
+    clip = getattr(args, "clip", BabConfig.clip)
+    return BabConfig(relu=relu, branching=branching, clip=clip)
 
 
 def check_method(args: argparse.Namespace) -> None:

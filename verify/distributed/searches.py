@@ -48,12 +48,12 @@ Found = tuple[Tensor, Tensor] | None
 
 def portable(d: DomainBatch) -> DomainBatch:
     """`d` with every tensor on the CPU (to ship between processes)."""
-    return type(d)(*(t.detach().cpu() for t in d._fields()))
+    return type(d)(*(None if t is None else t.detach().cpu() for t in d._fields()))
 
 
 def moved(d: DomainBatch, device: torch.device) -> DomainBatch:
     """`d` with every tensor on `device`."""
-    return type(d)(*(t.to(device) for t in d._fields()))
+    return type(d)(*(None if t is None else t.to(device) for t in d._fields()))
 
 
 def shards_of(d: DomainBatch, n: int) -> list[DomainBatch]:

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from bounds.graph.graph import Graph
 from bounds.registry import get_method
-from bounds.types import Budget, Interval, rounded_down
+from bounds.rounding import lower_minus
+from bounds.types import Budget, Interval, rounded_down, rounded_up
 from verify.attack import UnsafeSpec, min_max
 from verify.bab.common import (
     BatchSizer,
@@ -31,7 +32,8 @@ from verify.bab.common import (
     prune_tolerance,
 )
 from verify.bab.config import BabConfig
-from verify.bab.input.domains import Domains, box_points
+from verify.bab.input.clip import clip_boxes
+from verify.bab.input.domains import Domains, box_points, critical_rows
 from verify.bab.input.methods import bounds, method_config, recheck_of
 from verify.bab.search import Clock
 from verify.property import Region
@@ -64,6 +66,7 @@ class InputBounder:
         self.configs = {k: method_config(m, o) for k, (m, o) in self.methods.items()}
         self.rechecks = {k: recheck_of(m, self.configs[k], check.spec, check.tol)
                          for k, (m, _) in self.methods.items()}  # fmt: skip
+        self.keep_coeff = config.branching == "smart"
 
     def root(
         self, try_points: Callable[[Tensor], Found], validate: Callable[[Tensor], Found]
@@ -99,6 +102,10 @@ class InputBounder:
         rows64 = result.lower - spec.b
         margin64 = min_max(rows64 - self.check.tol, spec.owner, spec.n_polytopes)
         closed = bool(margin64[0] > 0)
+        coeff = None
+        if not closed:
+            d, closed = self._clip(d, result.stats)
+            coeff = self._critical_coeff(rows64, result.stats)
         self.stats["domains"] += 1
         self.check.record(1, 0, time.perf_counter() - tick)  # no float32 claim to fail
         self.stats["closed"] = self.stats.get("closed", 0) + int(closed)
@@ -106,7 +113,33 @@ class InputBounder:
             return Domains(d.lower, d.upper, d.rows, d.margin.new_ones(1), d.depth)
         rows = rounded_down(rows64, d.rows.dtype).to(d.rows.device)
         margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes).clamp(max=0)
-        return Domains(d.lower, d.upper, rows, margin, d.depth)
+        return Domains(d.lower, d.upper, rows, margin, d.depth, coeff)
+
+    def _critical_coeff(self, rows: Tensor, stats: dict[str, Any]) -> Tensor | None:
+        """`[N, n_in]` the critical rows' input functionals in `stats` (`Domains.coeff`), or
+        None (not kept, or the method gave none)."""
+        A = stats.get("input_functional")
+        if not self.keep_coeff or A is None:
+            return None
+        pick = critical_rows(rows, self.spec.owner, self.spec.n_polytopes)
+        return A[torch.arange(len(A), device=A.device), pick].to(self.root_box[0].dtype)
+
+    def _clip(self, d: Domains, stats: dict[str, Any]) -> tuple[Domains, bool]:
+        """`d` (one box) clipped to where a counterexample can lie (`verify.bab.input.clip`) by
+        the float64 linear bounds in `stats` (an exact pass of the check's spec), and whether
+        no polytope can hold one (closed); unchanged when off or the method gave none."""
+        A, found = stats.get("input_functional"), stats.get("linear_lower")
+        if not self.config.clip or A is None or found is None:
+            return d, False
+        spec = self.check.spec
+        r = lower_minus(found, spec.b)  # a float below each row's `lower - b`
+        box = (d.lower.to(torch.float64), d.upper.to(torch.float64))
+        low, high, empty = clip_boxes(*box, A, r, spec.owner, spec.n_polytopes)
+        lower = rounded_down(low, d.lower.dtype).to(d.lower.device)
+        upper = rounded_up(high, d.upper.dtype).to(d.upper.device)
+        shrunk = ((upper - lower) / (d.upper - d.lower).clamp_min(1e-30)).clamp(max=1)
+        self.stats["clip_volume_log2"] = float(shrunk.clamp_min(1e-300).log2().sum())
+        return Domains(lower, upper, d.rows, d.margin, d.depth, d.coeff), bool(empty.all())
 
     def retain(self, open_: Domains) -> None:
         """Nothing is kept per domain."""
@@ -127,6 +160,7 @@ class InputBounder:
         `{activation: [K, 2m, *shape]}`, the certificate of its bound for `confirm`) or -1."""
         lower, upper, depth = d.lower, d.upper, d.depth
         rows = lower.new_empty(lower.shape[0], self.spec.C.shape[0])
+        coeff = torch.zeros_like(lower) if self.keep_coeff else None
         strong = self._strong(depth)
         slope_rows = torch.full_like(depth, -1)
         parts: list[dict[str, Tensor]] = []
@@ -135,30 +169,41 @@ class InputBounder:
             index = (strong == use_strong).nonzero().flatten()
             if len(index):
                 found: list[dict[str, Tensor]] = []
-                rows[index] = self.bound_rows(lower[index], upper[index], use_strong, found)
+                functionals: list[Tensor | None] = []
+                rows[index] = self.bound_rows(
+                    lower[index], upper[index], use_strong, found, functionals
+                )
+                if coeff is not None and functionals and all(f is not None for f in functionals):
+                    A = torch.cat(functionals)  # [n, m, n_in]
+                    pick = critical_rows(rows[index], self.spec.owner, self.spec.n_polytopes)
+                    coeff[index] = A[torch.arange(len(index)), pick].to(coeff.dtype)
                 if found and found[0]:  # alpha-CROWN: one row of slopes per domain, in order
                     slope_rows[index] = count + torch.arange(len(index), device=lower.device)
                     parts, count = parts + found, count + len(index)
         slopes = {a: torch.cat([p[a] for p in parts]) for a in parts[0]} if parts else {}
         margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes)
         self.stats["domains"] += lower.shape[0]
-        return Domains(lower, upper, rows, margin, depth), slope_rows, slopes
+        return Domains(lower, upper, rows, margin, depth, coeff), slope_rows, slopes
 
     def bound_rows(
-        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None
-    ) -> Tensor:
+        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None,
+        functionals: list | None = None,
+    ) -> Tensor:  # fmt: skip
         """Lower bounds of `C y - b` `[N, m]`, in chunks of the batch size (halved on OOM);
-        appends each chunk's alpha-CROWN best output slopes to `slopes` (when given)."""
+        appends each chunk's alpha-CROWN best output slopes to `slopes` and its rows' input
+        functionals `[n, m, n_in]` (None: the method gave none) to `functionals` (when
+        given)."""
 
         def chunk(part: slice) -> Tensor:
-            return self._call_bounds(lower[part], upper[part], strong, slopes)
+            return self._call_bounds(lower[part], upper[part], strong, slopes, functionals)
 
         deadline = self.clock.deadline
         return torch.cat(in_chunks(len(lower), self.sizer, deadline, chunk, whole=True))
 
     def _call_bounds(
-        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None
-    ) -> Tensor:
+        self, lower: Tensor, upper: Tensor, strong: bool, slopes: list | None = None,
+        functionals: list | None = None,
+    ) -> Tensor:  # fmt: skip
         method, _ = self.methods[strong]
         # The time left (a share of it for the iterative strong method): every method honours
         # a seconds budget (CROWN's layers keep IBP's intervals past it; IBP has nothing to cut).
@@ -177,6 +222,8 @@ class InputBounder:
         self.stats["strong_domains"] += lower.shape[0] if strong else 0
         if slopes is not None and "best_slopes" in result.stats:
             slopes.append(result.stats["best_slopes"])
+        if functionals is not None:
+            functionals.append(result.stats.get("input_functional"))
         return result.lower - self.spec.b
 
     # ----- the float64 recheck of closing bounds -----
@@ -201,7 +248,7 @@ class InputBounder:
         margin[failed] = margin64[margin64 <= 0].to(margin.dtype).clamp(max=0)
         self.check.record(len(closed), len(failed), time.perf_counter() - tick)
         self.stats["closed"] = self.stats.get("closed", 0) + len(closed) - len(failed)
-        return Domains(d.lower, d.upper, rows, margin, d.depth)
+        return Domains(d.lower, d.upper, rows, margin, d.depth, d.coeff)
 
     def _bounds64(self, lower, upper, depth, slope_rows, slopes) -> Tensor:
         """Float64 lower bounds of `C y - b` `[K, m]` (C, b as in the VNN-LIB file) on the boxes
