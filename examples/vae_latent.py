@@ -99,7 +99,7 @@ def semi_supervised_loss(vae: SemiSupervisedVAE, x, y, labelled) -> torch.Tensor
     return -(supervised.sum() + unsupervised.sum()) / len(x)
 
 
-def train_vae(steps: int = 1500, seed: int = 0):
+def train_vae(steps: int = 1200, seed: int = 0):
     """The VAE after `steps` Adam steps on batches of 128; returns it (eval mode, no grads),
     the training images and labels, and the classifier's test accuracy."""
     digits = load_digits()
@@ -191,9 +191,9 @@ def crossing_box(vae, x, y, digit: int, other: int, radius: float):
 
 
 def certify_box(vae, lower, upper, digit: int, timeout: float = 20.0):
-    """The decoded pixels' bounds over the box (`verify.bounds`, CROWN) and `verify.verify`'s
-    answer to "decoder -> classifier says `digit` on the whole box"."""
-    pixels = verify.bounds(decoded_image(vae), lower=lower[None], upper=upper[None], method="crown")
+    """The decoded pixels' bounds over the box (`verify.bounds`, alpha-CROWN) and
+    `verify.verify`'s answer to "decoder -> classifier says `digit` on the whole box"."""
+    pixels = verify.bounds(decoded_image(vae), lower=lower[None], upper=upper[None])
     result = verify.verify(decode_then_classify(vae), class_property(lower, upper, digit),
                            timeout=timeout)  # fmt: skip
     return pixels, result
