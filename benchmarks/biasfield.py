@@ -1,7 +1,7 @@
 """Bias-field instances: 16 inputs in front of an 8-layer CIFAR conv net, the shape of
 VNN-COMP 2022's `cifar_biasfield` (whose networks we do not have), through `run-all` with
 `--splitting input`, `relu` and `auto`, side by side (a mode can add `+smart`, `+smear` or
-`+widest`, the input branching, and `+noclip`).
+`+widest`, the input branching, `+<bound method>` and `+noclip`).
 
     python -m benchmarks.biasfield --images 12 --limit 30
 
@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import CIFAR_MEAN, CIFAR_STD, DATA, RESULTS, cifar_images, write_json
+from verify.bab.branchers import INPUT_BRANCHINGS
 from verify.cli.main import build_parser, run_all
 from verify.cli.rows import summary
 from verify.io.onnx_loader import load_onnx
@@ -135,12 +136,17 @@ def _predicted(path: Path) -> int:
 
 
 def mode_argv(mode: str) -> list[str]:
-    """The options of a mode: `<splitting>[+<input branching>][+noclip]`, e.g. `input+smart`
-    or `auto+smear+noclip`."""
+    """The options of a mode: `<splitting>[+<input branching>][+<bound method>][+noclip]`,
+    e.g. `input+smart+forward` or `auto+smear+noclip`."""
     splitting, *extras = mode.split("+")
     argv = ["--splitting", splitting]
     for extra in extras:
-        argv += ["--no-clip"] if extra == "noclip" else ["--input-branching", extra]
+        if extra == "noclip":
+            argv += ["--no-clip"]
+        elif extra in INPUT_BRANCHINGS.names():
+            argv += ["--input-branching", extra]
+        else:
+            argv += ["--method", extra]
     return argv
 
 

@@ -16,7 +16,7 @@ from tests.model_zoo import ZOO, make
 from tests.soundness import assert_contains, box_samples, spec_values
 
 D = torch.float64
-FAST_METHODS = ["ibp", "crown", "alpha-crown"]
+FAST_METHODS = ["ibp", "crown", "alpha-crown", "forward"]
 
 
 def _region(shape, batch=2, eps=0.2, seed=0):

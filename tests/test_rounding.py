@@ -27,7 +27,7 @@ from relaxations.sigmoid import SigmoidRelaxation
 from relaxations.tanh import TanhRelaxation
 from tests.model_zoo import FLOAT_TRAPS, Cancel, Product, Shift, Square, make_trap
 
-METHODS = ("ibp", "crown", "alpha-crown")
+METHODS = ("ibp", "crown", "alpha-crown", "forward")
 DTYPES = (torch.float32, torch.float64)
 
 
