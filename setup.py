@@ -34,6 +34,14 @@ setup(
             "highspy>=1.7",
             "pillow>=10",
         ],
+        # The docs site (mkdocs.yml, docs/): `mkdocs build --strict`, the API from the docstrings.
+        "docs": [
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.26",
+            "mkdocstrings-python>=1.12",
+            "matplotlib>=3.7",
+        ],
         # Peers compared in benchmarks (pydensecrf2 builds from source, about a minute).
         "peers": ["pydensecrf2"],
         "dev": [

@@ -29,8 +29,8 @@ from crf.io import (
     save_images,
 )
 from crf.model import KernelParams
+from crf.refine_dir import add_method_args, crf_from_args, refine_dir
 from crf.refine_dir import add_parser as add_refine_dir
-from crf.refine_dir import crf_from_args, refine_dir
 from crf.validate import as_budget, as_iterations
 
 
@@ -38,14 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m crf", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("refine", help="refine a rough annotation or class probabilities")
-    r.add_argument("image")
+    r.add_argument("image", help="RGB image (PNG, JPEG, ...)")
     r.add_argument("unary", help="annotation PNG (black = unknown) or .npy (H, W, M) probabilities")
-    r.add_argument("--method", default="meanfield", choices=["meanfield", "qp", "dc-neg", "lp"])
-    r.add_argument("--out", required=True)
-    r.add_argument("--overlay", default=None)
-    r.add_argument("--iterations", type=int, default=None)
-    r.add_argument("--budget", type=float, default=None, help="seconds")
-    r.add_argument("--gt-prob", type=float, default=0.7)
+    add_method_args(r)
+    r.add_argument("--out", required=True, help="the colour-coded labelling to write (lossless)")
+    r.add_argument("--overlay", default=None, help="the overlay picture (OUT_overlay.png)")
+    r.add_argument("--budget", type=float, default=None,
+                   help="time limit in seconds, a chained init's time included")
+    r.add_argument("--gt-prob", type=float, default=0.7,
+                   help="an annotation's confidence in its labels, in (0, 1) (0.7)")  # fmt: skip
     _kernel_args(r)
     add_refine_dir(sub, _kernel_args)
     return p
@@ -53,12 +54,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _kernel_args(r: argparse.ArgumentParser) -> None:
     """The model options shared by the sub-commands."""
-    r.add_argument("--normalize", default="symmetric", choices=["symmetric", "none"])
-    r.add_argument("--w-smooth", type=float, default=3.0)
-    r.add_argument("--sigma-smooth", type=float, default=3.0)
-    r.add_argument("--w-appearance", type=float, default=10.0)
-    r.add_argument("--sigma-xy", type=float, default=80.0)
-    r.add_argument("--sigma-rgb", type=float, default=13.0)
+    r.add_argument("--normalize", default="symmetric", choices=["symmetric", "none"],
+                   help="kernel normalisation: symmetric (D^-1/2 K D^-1/2, classic) or none")
+    r.add_argument("--w-smooth", type=float, default=3.0, help="smoothness kernel's weight (3)")
+    r.add_argument("--sigma-smooth", type=float, default=3.0,
+                   help="smoothness kernel's width in pixels (3)")
+    r.add_argument("--w-appearance", type=float, default=10.0,
+                   help="appearance kernel's weight (10)")
+    r.add_argument("--sigma-xy", type=float, default=80.0,
+                   help="appearance kernel's width in pixels (80)")
+    r.add_argument("--sigma-rgb", type=float, default=13.0,
+                   help="appearance kernel's width in colour, 0-255 per channel (13)")
     r.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
 
 

@@ -52,15 +52,34 @@ class MapResult:
 class DenseCRF:
     """Fully connected CRF over RGB images with Potts Gaussian kernels.
 
-    ``image``: (H, W, 3) uint8 or a batch (B, H, W, 3); either ``unary`` (H, W, M) /
-    (B, H, W, M) float ``-log p`` or ``probs`` (the same shape: class probabilities, e.g. a
-    segmentation network's softmax; ``phi = -log max(p, 1e-5)``). numpy arrays or torch tensors
-    on any device: with tensors the model lives on their device (unless ``device`` is given),
-    inputs are checked there, and results (labels, marginals) come back as tensors on it. A
-    batch is one lattice per kernel over all its images, filtered in one pass. Kernel
-    normalisation ``"symmetric"`` (``D^-1/2 K D^-1/2``, the classic default) or None.
-    ``filtering="exact"`` uses dense O(N^2) kernels (tiny images / tests). Bad input raises a
-    :class:`crf.errors.CRFInputError` subclass naming the argument (and index).
+    The pairwise term is ``w_smooth k_smooth + w_appearance k_appearance`` (Gaussian kernels on
+    positions, and on positions and colours), filtered on the permutohedral lattice. numpy
+    arrays or torch tensors on any device: with tensors the model lives on their device (unless
+    ``device`` is given), inputs are checked there, and results (labels, marginals) come back
+    as tensors on it. A batch is one lattice per kernel over all its images, filtered in one
+    pass. Inputs are checked before any work.
+
+    Args:
+        image: ``(H, W, 3)`` uint8, or a batch ``(B, H, W, 3)``.
+        unary: ``(H, W, M)`` / ``(B, H, W, M)`` float ``-log p`` (give this or ``probs``).
+        probs: the same shape: class probabilities, e.g. a segmentation network's softmax
+            (``phi = -log max(p, 1e-5)``).
+        w_smooth: the smoothness kernel's weight.
+        sigma_smooth: its width in pixels.
+        w_appearance: the appearance kernel's weight.
+        sigma_xy: its width in pixels.
+        sigma_rgb: its width in colour (0-255 per channel).
+        normalize: ``"symmetric"`` (``D^-1/2 K D^-1/2``, the classic default) or None.
+        filtering: ``"lattice"``, or ``"exact"`` for dense O(N^2) kernels (tiny images, tests).
+        device: the model's device (default: the tensors', else the CPU).
+        dtype: the model's float dtype.
+
+    Raises:
+        ShapeMismatchError: an image or unary of the wrong rank or shape (``crf.errors``).
+        InvalidValueError: a non-uint8 image, NaN/Inf or negative probabilities (the index
+            named), or both or neither of ``unary`` and ``probs``.
+        TooManyLabelsError: more labels than ``crf.MAX_LABELS``.
+        ConfigError: kernel parameters that are not finite and >= 0, or an unknown device.
     """
 
     def __init__(
@@ -101,7 +120,18 @@ class DenseCRF:
         return self.image.shape[0], self.model.height, self.model.width
 
     def energy(self, labels: object) -> float | np.ndarray:
-        """Reported energy of an integer labelling (H, W) or (B, H, W) (array or tensor)."""
+        """Reported energy of an integer labelling (the convention of ``crf.energy``).
+
+        Args:
+            labels: ``(H, W)`` or ``(B, H, W)`` integer labels in ``[0, M)`` (array or tensor).
+
+        Returns:
+            A float, or ``(B,)`` array for a batch.
+
+        Raises:
+            ShapeMismatchError: labels of another shape than the model's images.
+            InvalidValueError: labels that are not integers in ``[0, M)``.
+        """
         lab = torch.from_numpy(as_labels(labels, self.shape, self.model.n_labels, self.batched))
         e = labelling_energy(self.model, lab.to(self.model.unary.device), raw=True)
         return self._out(e.cpu().numpy())
@@ -124,20 +154,38 @@ class DenseCRF:
         init: object = None,
         compile: CompileMode = "auto",
         energy: bool = True,
-        **options,
+        **options: object,
     ) -> MapResult:
-        """MAP labelling by ``method`` in {"meanfield", "qp", "dc-neg", "lp"}.
+        """MAP labelling by ``method``: "meanfield", "qp", "dc-neg" or "lp".
 
-        ``iterations`` / ``budget`` (seconds, including the init's time) bound the run;
-        ``init``: None (the method's default, the papers' pipelines: softmax(-phi) for
-        meanfield / qp, mean-field -> dc-neg, mean-field -> dc-neg -> lp), "unary", a method
-        name (run it first, with its own default init and 80 % of the budget), or marginals
-        (H, W, M) / (B, H, W, M). ``compile``: run the solver steps through ``torch.compile``
-        (True / False; "auto": on CUDA, and on CPU where measured faster, see
-        :mod:`crf.compile`); it applies to a chained init too, and a first compile counts
-        against the budget. ``energy=False`` skips the reported energy (``MapResult.energy``
-        is then None; mean-field then costs exactly its iterations: post-processing use).
-        ``options`` are fields of the method's config dataclass.
+        Args:
+            method: the solver ("meanfield": post-processing; "dc-neg": a lower energy; "lp":
+                the LP relaxation; "qp": its Frank-Wolfe lower bound).
+            iterations: the method's iterations (default: its config's).
+            budget: seconds, including the init's time.
+            init: None (the method's default, the papers' pipelines: softmax(-phi) for
+                meanfield / qp, mean-field -> dc-neg, mean-field -> dc-neg -> lp), "unary", a
+                method name (run it first, with its own default init and 80 % of the budget),
+                or marginals ``(H, W, M)`` / ``(B, H, W, M)``.
+            compile: run the solver steps through ``torch.compile`` (True / False; "auto": on
+                CUDA, and on CPU where measured faster, see ``crf.compile``); it applies to a
+                chained init too, and a first compile counts against the budget.
+            energy: False skips the reported energy (``MapResult.energy`` is then None;
+                mean-field then costs exactly its iterations: post-processing use).
+            **options: fields of the method's config dataclass.
+
+        Returns:
+            ``MapResult(labels, energy, stats)``: ``labels`` ``(H, W)`` or ``(B, H, W)``
+            int64 (a tensor on the model's device for tensor inputs), ``energy`` a float or
+            ``(B,)`` array, ``stats`` seconds, iterations, marginals ``(..., M)`` and
+            method-specific entries.
+
+        Raises:
+            ConfigError: an unknown method, option or init, iterations that are not a whole
+                number >= 1, a budget that is not a finite number > 0.
+            ShapeMismatchError: init marginals of another shape.
+            InvalidValueError: negative init marginals, or marginals summing to 0 (the pixel
+                named).
         """
         if not isinstance(method, str) or method not in SOLVERS:
             raise ConfigError(f"unknown method {method!r}; choose from {sorted(SOLVERS)}")

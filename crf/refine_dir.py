@@ -32,9 +32,17 @@ from crf.io import default_palette, load_unary, overlay, read_image, save_images
 from crf.model import KernelParams
 from crf.validate import as_device, as_iterations
 
-__all__ = ["IMAGE_SUFFIXES", "add_parser", "refine_dir"]
+__all__ = ["IMAGE_SUFFIXES", "add_method_args", "add_parser", "refine_dir"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".ppm")
+
+
+def add_method_args(r: argparse.ArgumentParser) -> None:
+    """The ``--method`` and ``--iterations`` options of both sub-commands."""
+    r.add_argument("--method", default="meanfield", choices=["meanfield", "qp", "dc-neg", "lp"],
+                   help="MAP method (meanfield); see the dense-CRF guide for which one when")
+    r.add_argument("--iterations", type=int, default=None,
+                   help="iterations of the method (default: its config's)")
 
 
 def add_parser(
@@ -45,8 +53,7 @@ def add_parser(
     r.add_argument("images", help="folder of images")
     r.add_argument("probs", help="folder of <image name>.npy (H, W, M) probabilities")
     r.add_argument("--out", required=True, help="output folder (created if absent)")
-    r.add_argument("--method", default="meanfield", choices=["meanfield", "qp", "dc-neg", "lp"])
-    r.add_argument("--iterations", type=int, default=None)
+    add_method_args(r)
     r.add_argument("--batch-size", type=int, default=1, help="images per batched call")
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     r.add_argument("--overlay", action="store_true", help="also write <name>_overlay.png")

@@ -14,7 +14,7 @@ no table of their own:
   relaxation's first torch function or module class applied to the input alone.
 
 `get_relaxation(name, **options)` instantiates a relaxation; `available_relaxations()`,
-`spellings()` and `onnx_ops()` list what is registered; `unregister` removes one (tests).
+`entries()`, `spellings()` and `onnx_ops()` list what is registered; `unregister` removes one (tests).
 """
 
 from __future__ import annotations
@@ -214,6 +214,11 @@ def get_relaxation(name: str, **options: Any) -> Relaxation | MultiRelaxation:
 def available_relaxations() -> tuple[str, ...]:
     """The registered names, sorted."""
     return tuple(sorted(_REGISTRY))
+
+
+def entries() -> tuple[Entry, ...]:
+    """Every registered relaxation's entry (class and spellings), sorted by name."""
+    return tuple(_REGISTRY[name] for name in sorted(_REGISTRY))
 
 
 def spellings() -> tuple[tuple[str, Spelling], ...]:

@@ -41,6 +41,20 @@ def network_graph(net: nn.Module | Graph, input_shape: tuple[int, ...]) -> Graph
     0.6-2.0 ms against 5.9-8.1 ms for one CROWN bound, and hashing the weights for a key alone
     would take 0.1-1.7 ms of it, so a cache does not pay. Callers that bound one network many
     times (branch and bound) build the `Graph` once and pass it: a `Graph` is immutable.
+
+    Args:
+        net: a `torch.nn.Module` (eval mode; not modified) or a `Graph` (returned as it is).
+        input_shape: one input's shape, without the batch axis.
+
+    Returns:
+        The immutable `Graph`, holding copies of the weights.
+
+    Raises:
+        ShapeMismatchError: a `Graph` built for another input shape.
+        TypeError: `net` is neither a module nor a graph.
+        InvalidNetworkError: a module whose output depends on its training flag.
+        UnsupportedOperationError: an operation outside the supported set (named with its
+            node).
     """
     if isinstance(net, Graph):
         if net.input.shape != tuple(input_shape):
@@ -161,24 +175,56 @@ def bounds(
 ) -> Bounds:
     """Sound lower/upper bounds on `C @ net(x')` for every `x'` in the input region.
 
-    Region: the L-inf ball of radius `eps` around `x` (`[batch, *input_shape]`, or one input of
-    the network's `input_shape`), clipped to `domain` if given; or the box `lower`/`upper`.
-    `C`: `[batch, n_specs, n_out]` or `[n_specs, n_out]`; default: the outputs themselves.
-    `method`: one of `bounds.registry.available_methods()` (ibp, crown, alpha-crown, lp, milp).
-    `budget`: `Budget(iterations=, seconds=)`, an int (iterations) or a float (seconds), for
-    iterative methods. Method options as keywords (e.g. `iterations=50, lr=0.05`) or `config=`.
-    `node_bounds`: extra bounds valid on the region, `{node name: Interval or (lower, upper)}`
-    with `[batch, *shape]` tensors (e.g. ReLU splits of branch-and-bound domains: `lower = 0`
-    for active neurons, `upper = 0` for inactive ones); every method intersects them in.
-    `compile`: torch.compile the iterative methods' steps (True / False / "auto": on CUDA; see
-    `bounds.compile`); ignored by the one-pass methods (ibp, crown, lp, milp).
-    `exact`: the bounds hold in floating point (`bounds.rounding`; the default). `exact=False`
-    gives ibp, crown and alpha-crown a faster path, in the network's dtype without the
-    backward passes' rounding accounted for: NOT sound in floating point (branch and bound
-    uses it to search, and rechecks every closing bound with `exact=True`).
+    The region is the L-inf ball of radius `eps` around `x`, clipped to `domain` if given, or
+    the box `lower <= x' <= upper`. The bounds hold in exact arithmetic on the stored weights
+    although computed in floating point (`exact=True`, the default; see `bounds.rounding`).
 
-    Returns `Bounds(lower [B, S], upper [B, S], intermediate, stats)`; `intermediate` maps each
-    pre-activation node's name to its `Interval`.
+    Args:
+        net: a `torch.nn.Module` in eval mode (traced by torch.fx) or a `Graph` from
+            `network_graph`; it is not modified.
+        eps: the ball's radius: a float, or a tensor broadcastable to `x` (`[batch,
+            *input_shape]`).
+        x: the ball's centre, `[batch, *input_shape]`; a tensor of exactly the network's
+            `input_shape` is a batch of one.
+        lower: the box's lower corner, `[batch, *input_shape]` (with `upper`, instead of `x`).
+        upper: the box's upper corner, the shape of `lower`.
+        C: `[batch, n_specs, n_outputs]` or `[n_specs, n_outputs]`: bound the rows of
+            `C @ y` (`y` the flattened outputs); default: the outputs themselves.
+        domain: `(low, high)` clipping the ball (e.g. `(0, 1)` for pixels).
+        input_shape: the network's input shape without the batch axis, where the module
+            does not declare `input_shape` and `x` / `lower` do not show it.
+        method: one of `bounds.available_methods()`, e.g. ibp, crown, alpha-crown, prox,
+            active-set, lp, milp.
+        budget: `Budget(iterations=, seconds=)`, an int (iterations) or a float (seconds), for
+            iterative methods; the seconds count from the call.
+        node_bounds: extra bounds valid on the region, `{node name: Interval or (lower,
+            upper)}` with `[batch, *node_shape]` tensors (e.g. ReLU splits of branch-and-bound
+            domains: `lower = 0` for active neurons, `upper = 0` for inactive ones); every
+            method intersects them in. Node names: the keys of `Bounds.intermediate`.
+        config: the method's frozen config dataclass (instead of keyword options).
+        compile: torch.compile the iterative methods' steps (True / False / "auto": on CUDA;
+            see `bounds.compile`); ignored by the one-pass methods (ibp, crown, lp, milp).
+        exact: the bounds hold in floating point (the default). `exact=False` gives ibp,
+            crown and alpha-crown a faster path in the network's dtype without the backward
+            passes' rounding accounted for: NOT sound in floating point (branch and bound
+            searches with it and rechecks every closing bound with `exact=True`).
+        **options: the method's options as keywords (e.g. `iterations=50, lr=0.05`).
+
+    Returns:
+        `Bounds(lower, upper, intermediate, stats)`: `lower` and `upper` `[batch, n_specs]`;
+        `intermediate` maps each pre-activation node's name to its `Interval`
+        (`[batch, *node_shape]`); `stats` the method, iterations, seconds and trajectory.
+
+    Raises:
+        InvalidRegionError: NaN/Inf or empty boxes, a negative `eps`, a point outside
+            `domain`, bad `node_bounds` (the argument and index named).
+        ShapeMismatchError: a region, `eps` or `C` whose shape does not fit the network.
+        InvalidLimitError: a budget that is not a finite number > 0.
+        InvalidNetworkError: a module whose output depends on its training flag, float16 /
+            meta weights, or bounds that are not finite.
+        UnsupportedOperationError: an operation or activation outside the supported set
+            (named with its node).
+        ValueError: an unknown method or option.
     """
     start = time.perf_counter()
     limits = _budget(budget)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from verify.attack_mode import attack_outputs
+from verify.errors import ShapeMismatchError
 from verify.property import Region
 from verify.specs import region_box, region_spec
 
@@ -310,19 +311,39 @@ def find_counterexample(
     seed: int = 0,
     deadline: float | None = None,
 ) -> Tensor | None:
-    """A validated counterexample `x [n_in]` (float64, inside the box) of the region, or None;
-    `validate(net, region, x)` gives `(x, y)`.
+    """A validated counterexample of the region, or None.
 
-    PGD from the box centre (three runs, one per step length), `extra_points [k,
-    *input_shape]` and the `config.restarts` best of the uniform samples; the best points of
-    float32 value within `UnsafeSpec.value_tolerance` are confirmed by `validate`. `deadline`
-    (`time.monotonic()`): sampling stops after a quarter of the time left, PGD early enough to
-    end by then (see `best_samples`, `pgd`).
+    PGD from the box centre (three runs, one per step length), `extra_points` and the
+    `config.restarts` best of the uniform samples; the best points of float32 value within
+    `UnsafeSpec.value_tolerance` are confirmed by `validate` (a float64 forward pass).
+
+    Args:
+        net: the network, taking `[batch, *input_shape]`.
+        region: a property's `Region`: the box `lower`, `upper` (`[n_inputs]`) and its unsafe
+            polytopes.
+        input_shape: one input's shape (default: the module's `input_shape`, else
+            `(n_inputs,)`).
+        extra_points: `[k, *input_shape]` points to try too.
+        config: the attack's settings (`AttackConfig`).
+        seed: the random seed.
+        deadline: `time.monotonic()`: sampling stops after a quarter of the time left, PGD
+            early enough to end by then (see `best_samples`, `pgd`).
+
+    Returns:
+        `x` `[n_inputs]` (float64, inside the box) whose output is in an unsafe polytope, or
+        None; `validate(net, region, x)` gives `(x, y)`.
+
+    Raises:
+        ShapeMismatchError: an `input_shape` (given, or the module's) whose size is not the
+            region's number of inputs.
     """
     config = config or AttackConfig()
     if not region.unsafe:
         return None
     shape = tuple(input_shape or getattr(net, "input_shape", None) or (len(region.lower),))
+    if int(np.prod(shape)) != len(region.lower):
+        raise ShapeMismatchError(f"the region has {len(region.lower)} inputs; the network's "
+                                 f"input shape {shape} has {int(np.prod(shape))}")  # fmt: skip
     param = next(net.parameters())
     lower, upper = (t.to(param.device) for t in region_box(region, shape, param.dtype))
     spec = UnsafeSpec.of(region, param.dtype, param.device)

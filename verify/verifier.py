@@ -177,33 +177,65 @@ def verify(
 ) -> VerificationResult:
     """Decide `spec` on `net` within `timeout` seconds (the budget starts at the call).
 
-    `method`: the bound method for every domain of input splitting (`config.method` is
-    replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting bounds its
-    domains by alpha-beta-CROWN. `splitting`: "auto", "input" or "relu" (replaces
-    `config.splitting` when given; "auto": on a ReLU network both as a portfolio,
-    `verify.bab.portfolio`). The network runs in its own dtype and device;
-    counterexamples are checked in float64 on the CPU. Raises `InvalidLimitError` for a
-    timeout that is not a finite number > 0 and `ShapeMismatchError` when the spec's numbers
-    of inputs or outputs are not the network's, before any other work.
+    An attack, then branch and bound on each region of the property: `unsat` when no input of
+    any region reaches an unsafe polytope, `sat` with a counterexample checked in float64 on the
+    CPU, else `unknown` or `timeout`. The network runs in its own dtype and device; a module
+    in training mode is verified as an eval-mode copy (the caller's flags are left alone).
 
     `workers` > 1 (or a Ray cluster's `ray_address`) shards each region's branch and bound over
     that many Ray actors (`verify.distributed.shards`; the same answers as one worker, within
-    the same time limit). It needs Ray (extra `[distributed]`): `RayUnavailableError` when it
-    is missing, `ClusterError` when the cluster cannot be reached, both before any work. It
-    uses this process's Ray connection, or starts a local cluster of `workers` CPUs and keeps it
-    for later calls; starting the cluster (seconds) comes before the time limit's clock, the
-    workers' start (seconds too, the first time) within it, while this process searches.
-    `workers` must be an integer >= 1 (`InvalidLimitError`).
+    the same time limit). It uses this process's Ray connection, or starts a local cluster of
+    `workers` CPUs and keeps it for later calls; starting the cluster (seconds) comes before
+    the time limit's clock, the workers' start (seconds too, the first time) within it, while
+    this process searches.
 
-    `certificate`: a path where an "unsat" or "sat" answer's proof certificate is written
-    (`verify.certificate`; other answers leave a file without manifest). The SHA-256 of the
-    network and property are those of the files when `net` and `spec` are paths, else `hashes`
-    `(network_sha256, property_sha256)` must be given. Certificate mode, one worker
-    (`CertificateUnsupportedError` otherwise), splits as `splitting_mode` says: inputs, with
+    Certificate mode (`certificate=`, one worker) splits as `splitting_mode` says: inputs, with
     the configuration's methods (CROWN, and alpha-CROWN on its output slopes from
     `strong_depth` on: `verify.bab.input.certify.certificate_config`), or ReLUs, bounded by
     alpha-beta-CROWN on CROWN's root intermediate bounds, without root tightening nor hard
     bounder (`verify.bab.relu.certify.relu_certificate_config`).
+
+    Args:
+        net: an ONNX path (`.onnx` / `.onnx.gz`), a `torch.nn.Module` taking `[batch,
+            *input_shape]`, or a list of them for a property over several networks (their
+            product, `verify.product`).
+        spec: a VNN-LIB path (1.0 or 2.0) or a loaded `VnnlibProperty`; its regions' boxes are
+            `[n_inputs]` (the flattened input) and its polytopes' rows `[m, n_outputs]`.
+        timeout: seconds, a finite number > 0.
+        method: the bound method for every domain of input splitting (`config.method` is
+            replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting
+            bounds its domains by alpha-beta-CROWN.
+        config: the branch-and-bound settings (`BabConfig`, with `ReluSplitConfig` for ReLU
+            splitting).
+        splitting: "auto", "input" or "relu" (replaces `config.splitting` when given; "auto":
+            on a ReLU network both as a portfolio, `verify.bab.portfolio`).
+        seed: the attack's random seed.
+        workers: an integer >= 1: Ray workers (extra `[distributed]`) when > 1.
+        ray_address: join this Ray cluster (e.g. "auto") instead of starting a local one.
+        certificate: a path where an "unsat" or "sat" answer's proof certificate is written
+            (`verify.certificate`; other answers leave a file without manifest).
+        hashes: `(network_sha256, property_sha256)`, needed with `certificate` when `net` and
+            `spec` are not paths (for paths, the files' own hashes).
+
+    Returns:
+        A `VerificationResult`: `status` ("unsat", "sat", "unknown" or "timeout"),
+        `counterexample` (`[n_inputs]` float64, or None) and `results_text()`, the VNN-COMP
+        results file.
+
+    Raises:
+        InvalidLimitError: a timeout that is not a finite number > 0, or `workers` < 1.
+        ShapeMismatchError: the property's numbers of inputs or outputs are not the
+            network's.
+        SpecificationError: an unreadable or malformed ONNX or VNN-LIB file (named with its
+            line).
+        UnsupportedOperationError: an operation outside the supported set (named with its
+            node).
+        CertificateUnsupportedError: a certificate asked of several workers or of a setting
+            that cannot write one.
+        RayUnavailableError: `workers` > 1 without Ray installed.
+        ClusterError: the Ray cluster cannot be reached.
+
+    Every error is raised before any search.
     """
     seconds = check_timeout(timeout)
     config = replace(config or BabConfig(), method=method)

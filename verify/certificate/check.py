@@ -273,8 +273,25 @@ def _check(net_path: str | os.PathLike, spec_path: str | os.PathLike,
 def check_certificate(
     net_path: str | os.PathLike, spec_path: str | os.PathLike, cert_path: str | os.PathLike
 ) -> CheckResult:
-    """Check the certificate `cert_path` of the property `spec_path` (VNN-LIB) on the network
-    `net_path` (ONNX): `CheckResult(True)` or `CheckResult(False, reason)`."""
+    """Check the certificate `cert_path` of the property `spec_path` on the network `net_path`.
+
+    Independent of the rest of the toolkit (its own ONNX and VNN-LIB readers, its own float64
+    IBP and CROWN with every rounding bounded; see `verify.certificate`).
+
+    Args:
+        net_path: the ONNX network the certificate was written for (its SHA-256 must match
+            the manifest's).
+        spec_path: the VNN-LIB property (its SHA-256 must match too).
+        cert_path: the certificate (format v2: a zip of `.npy` records and `manifest.json`).
+
+    Returns:
+        `CheckResult(True)`, or `CheckResult(False, reason)` naming the leaf or check that
+        failed.
+
+    Raises:
+        Nothing for a bad certificate, network or property: an invalid or unreadable one is
+        `CheckResult(False, "unreadable: ...")`.
+    """
     try:
         _check(net_path, spec_path, cert_path)
     except CertificateInvalidError as error:

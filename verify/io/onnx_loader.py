@@ -86,16 +86,25 @@ _FLOAT_INPUTS = frozenset(
 def load_onnx(path: str | os.PathLike[str]) -> fx.GraphModule:
     """Read an ONNX file and return an equivalent float32 `torch.fx.GraphModule` in eval mode.
 
-    The module maps `(N, *input_shape)` to `(N, *output_shape)`. Attributes set on it:
-    `input_shape` and `output_shape` (tuples without the batch dimension) and `source_path`.
     A network ending in ArgMax / ArgMin over activations stops before it: the module computes
     its input (the logits), and `argmax_output` (`verify.argmax_output.ArgOutput`) says how
-    properties on the indices are restated on them (`verify.verify` does so).
+    properties on the indices are restated on them (`verify.verify` does so). Nothing is
+    written.
 
-    Raises `SpecificationError` for unreadable or malformed files, `InvalidNetworkError` for
-    NaN/Inf or non-float weights and malformed graphs, `ShapeMismatchError` for weights that do
-    not fit their inputs and `UnsupportedOperationError` for operations outside the supported
-    set. Nothing is written.
+    Args:
+        path: the ONNX file (`.onnx`, or gzipped `.onnx.gz`).
+
+    Returns:
+        The module, mapping `(N, *input_shape)` to `(N, *output_shape)`, with the attributes
+        `input_shape` and `output_shape` (tuples without the batch dimension) and
+        `source_path`.
+
+    Raises:
+        SpecificationError: an unreadable or malformed file.
+        InvalidNetworkError: NaN/Inf or non-float weights, malformed graphs (cycles, undefined
+            inputs).
+        ShapeMismatchError: weights that do not fit their inputs (the node named).
+        UnsupportedOperationError: an operation outside the supported set (the node named).
     """
     path_str = str(path)
     model = _read_model(path_str)

@@ -13,8 +13,23 @@ from verify.property import VnnlibProperty
 
 
 def load_vnnlib(path: str | os.PathLike, deadline: float | None = None) -> VnnlibProperty:
-    """Read a ``.vnnlib`` file, gzip-compressed or not (detected by magic bytes or ``.gz``).
-    ``deadline`` (``time.monotonic()``, 1.0 files): `ParseDeadlineError` once it passes."""
+    """Read a ``.vnnlib`` file of either version, gzip-compressed or not.
+
+    A file with a ``(vnnlib-version`` or ``(declare-network`` form is read as VNN-LIB 2.0
+    (the `vnnlib` package, extra ``vnnlib2``), else as 1.0.
+
+    Args:
+        path: the file (``.vnnlib`` or ``.vnnlib.gz``; gzip detected by magic bytes or ``.gz``).
+        deadline: ``time.monotonic()`` after which reading a 1.0 file stops.
+
+    Returns:
+        The `VnnlibProperty`: ``regions``, each a box ``lower``, ``upper`` (``[n_inputs]``,
+        float64) with its ``unsafe`` polytopes ``A y + A_x x <= b`` (``A`` ``[m, n_outputs]``).
+
+    Raises:
+        SpecificationError: a missing, unreadable or malformed file, named with ``path:line:``.
+        ParseDeadlineError: the deadline passed while reading.
+    """
     name, text = read_text(path)
     if is_vnnlib2(text):
         return parse_vnnlib2(text, path=name)

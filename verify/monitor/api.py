@@ -311,15 +311,30 @@ class Monitor:
     ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
-        `action`: "detect" (per-sample, per-node flags in `.report`), "clip" (each node
-        clamped to its range) or "both". `nodes`: "affine" (pre-activations, the output and
-        any other affine node), "all" (activation outputs too) or a list of names. `ranges`:
-        replace the certified ranges (baselines only: unverified ranges, broadcastable to
-        `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
-        `checksums`: detection also checks the checksum invariant of every checked linear
-        layer (`verify.monitor.sums`; a failure flags the layer's node). `compile`: detection
-        through `torch.compile` (`verify.monitor.compiled`; "detect" only, no kept values;
-        the eager wrapper serves the calls the compiled graph would not see alike)."""
+        Args:
+            net: the network the monitor certifies (or a copy taken before any fault).
+            action: "detect" (per-sample, per-node flags in `.report`), "clip" (each node
+                clamped to its range) or "both".
+            nodes: "affine" (pre-activations, the output and any other affine node), "all"
+                (activation outputs too) or a list of names.
+            ranges: replace the certified ranges (baselines only: unverified ranges,
+                broadcastable to `[*node_shape]`).
+            keep_values: the report keeps the raw value of every checked node.
+            checksums: detection also checks the checksum invariant of every checked linear
+                layer (`verify.monitor.sums`; a failure flags the layer's node).
+            compile: detection through `torch.compile` (`verify.monitor.compiled`; "detect"
+                only, no kept values; the eager wrapper serves the calls the compiled graph
+                would not see alike).
+
+        Returns:
+            A module taking `[batch, *input_shape]` like `net`; its `.report` after each call
+            has `flagged` `[batch]` and `first_node` per sample.
+
+        Raises:
+            MonitorOptionError: an unknown action or node, or `compile=True` with clipping or
+                kept values.
+            MonitorMismatchError: `net` is not the network the monitor was built on.
+        """
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):
             raise MonitorOptionError("compile=True supports action='detect' without keep_values")
@@ -345,9 +360,23 @@ class Monitor:
     def check(
         self, net: nn.Module, x: Tensor, *, region: Any = None, nodes: str = "affine"
     ) -> MonitorReport:
-        """Runs `net` on `x` (`[batch, *input_shape]`) with detection; `region`: the region
-        index of each sample (`[batch]` ints), or None (a sample passes if some region contains
-        all its values). Returns the report (`flagged [batch]`, `first_node`, `output`)."""
+        """Runs `net` on `x` with detection (the wrapper is built once per network).
+
+        Args:
+            net: the network the monitor certifies (faults injected into it are detected).
+            x: the inputs, `[batch, *input_shape]`.
+            region: the region index of each sample (`[batch]` ints), or None (a sample passes
+                if some region contains all its values).
+            nodes: "affine", "all" or a list of node names (see `wrap`).
+
+        Returns:
+            The `MonitorReport`: `flagged` `[batch]` bools, `first_node` (the first node out
+            of range per sample, or None) and `output`.
+
+        Raises:
+            MonitorMismatchError: `net` is not the network the monitor was built on.
+            MonitorOptionError: an unknown node.
+        """
         self.admit(net)
         key = (tuple(self.select(nodes)),)
         cache = self._wrapped.setdefault(net, {})
@@ -443,15 +472,38 @@ def monitor(
     input_shape: tuple[int, ...] | None = None,
     precision: str | None = None,
 ) -> Monitor:
-    """A `Monitor` of `net` (eval mode) over `domain`: a `Box`, a `Ball`, a `(lower, upper)`
-    pair or `Interval`, or a list of them (one region each, e.g. per class). `method`: "crown"
-    or "ibp"; `granularity`: "neuron" (a range per neuron) or "layer" (one per node);
-    `precision`: the arithmetic of the inferences to certify ("float32", "float64", "tf32";
-    default: the network's dtype). Raises typed errors for a bad domain or network.
+    """A `Monitor` of `net` (eval mode) over `domain`: the certified range of every node.
 
     Each box is one sample's (`[*input_shape]`; `[k, *input_shape]`: k regions), where
     `verify.bounds` takes a batch axis; a `[1, *input_shape]` box is accepted as one sample (see
-    "Shapes of a domain" in the module docstring)."""
+    "Shapes of a domain" in the module docstring).
+
+    Args:
+        net: the `torch.nn.Module` to guard, in eval mode (not modified; faults injected into
+            it later are what the monitor detects).
+        domain: a `Box(lower, upper)`, a `Ball(center, eps, within)`, a `(lower, upper)` pair
+            or `Interval`, or a list of them (one region each, e.g. per class).
+        method: "crown" or "ibp": how the nodes are bounded (in float64).
+        granularity: "neuron" (a range per neuron) or "layer" (one per node).
+        input_shape: one sample's shape, where the module does not declare `input_shape`.
+        precision: the arithmetic of the inferences to certify ("float32", "float64",
+            "tf32"; default: the network's dtype).
+
+    Returns:
+        The `Monitor`: `ranges[node] = (lower, upper)`, each `[regions, *node_shape]` in the
+        network's dtype; `wrap(net, action)` and `check(net, x)` run the network with the
+        checks fused in.
+
+    Raises:
+        MonitorOptionError: an unknown method, granularity or precision, or a precision
+            finer than the network's.
+        ShapeMismatchError: a domain whose shape is not the network's, or is ambiguous (pass
+            `input_shape=`).
+        InvalidRegionError: NaN/Inf or empty boxes.
+        InvalidNetworkError: a network in training mode.
+        UnsupportedOperationError: an operation outside the supported set, or no node that
+            could be monitored.
+    """
     _choice(method, METHODS, "method")
     _choice(granularity, GRANULARITIES, "granularity")
     check_eval(net)
