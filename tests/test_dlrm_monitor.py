@@ -199,3 +199,106 @@ def test_lookup_and_interaction_bounds_are_sound_by_sampling(method):
     if method == "crown":  # CROWN's bound of the output is at least as tight as IBP's
         ibp = graph.interval(box)[graph.output.name]
         assert bool((ivs[graph.output.name].lower >= ibp.lower).all())
+
+
+# --- the monitor ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def watched():
+    """A float32 DLRM and its certified monitor over the dense box with every valid row."""
+    net = _net()
+    return net, monitor(net, DLRM_MODULE["domain"]())
+
+
+def _pgd(wrapped, x: torch.Tensor, node: str, neuron: int, sign: float, steps: int = 15):
+    """Projected sign-gradient ascent of `sign * node[:, neuron]` over the dense features (ids
+    fixed), inside [0, 1]."""
+    x = x.clone()
+    for _ in range(steps):
+        dense = x[:, :DENSE].clone().requires_grad_(True)
+        wrapped(torch.cat([dense, x[:, DENSE:]], 1))
+        value = wrapped.report.values[node].flatten(1)[:, neuron]
+        (grad,) = torch.autograd.grad((sign * value).sum(), dense)
+        x[:, :DENSE] = (dense.detach() + 0.1 * grad.sign()).clamp(0, 1)
+    return x
+
+
+def test_monitor_has_no_false_positives(watched):
+    """10,000 random in-domain inputs, corners of the dense box, and PGD on the dense part
+    pushing single neurons of the monitored nodes up and down: nothing is flagged."""
+    net, mon = watched
+    assert {f"tables_{k}" for k in range(TABLES)} | {"matmul", "cat"} <= set(mon.nodes)
+    x = torch.cat([_inputs(10_000, 7), _corners(1000, 8).float()])
+    with torch.no_grad():
+        report = mon.check(net, x, nodes="all")
+    assert not bool(report.flagged.any())
+    wrapped = mon.wrap(net, "detect", nodes="all", keep_values=True, checksums=False)
+    g = torch.Generator().manual_seed(9)
+    for node in ("bottom_0", "bottom_2", "matmul", "top_0", "top_2"):
+        size = int(torch.Size(mon.graph[node].shape).numel())
+        for sign in (1.0, -1.0):
+            neuron = int(torch.randint(size, (1,), generator=g))
+            attacked = _pgd(wrapped, _inputs(64, int(neuron) + 10), node, neuron, sign)
+            with torch.no_grad():
+                assert not bool(mon.check(net, attacked, nodes="all").flagged.any()), node
+
+
+def test_clipping_leaves_clean_outputs_bitwise_unchanged(watched):
+    net, mon = watched
+    x = _inputs(10_000, 11)
+    with torch.no_grad():
+        clean = net(x)
+        for action in ("clip", "both"):
+            assert torch.equal(mon.wrap(net, action, nodes="all")(x), clean), action
+
+
+def test_lookup_ranges_are_the_tables_extremes(watched):
+    """The certified range of a lookup is its table's per-dimension minimum and maximum
+    (stored values: no widening beyond them)."""
+    net, mon = watched
+    for k in range(TABLES):
+        low, high = mon.ranges[f"tables_{k}"]
+        weight = net.tables[k].weight.detach()
+        assert torch.equal(low[0], weight.amin(0)) and torch.equal(high[0], weight.amax(0))
+
+
+def test_planted_table_fault_is_detected_and_clipped(watched):
+    """A corrupted table value is flagged at its lookup, for exactly the samples that read its
+    row; clipping brings the lookup back into the table's range."""
+    net, mon = watched
+    x = _inputs(256, 12)
+    row = int(x[0, DENSE + 3])
+    reads = x[:, DENSE + 3] == row
+    table = net.tables[3].weight
+    saved = table.detach()[row, 5].clone()
+    try:
+        with torch.no_grad():
+            table[row, 5] = 40.0
+            report = mon.check(net, x)
+            clipping = mon.wrap(net, "both", keep_values=True)
+            clipped = clipping(x)
+        assert torch.equal(report.flagged, reads)
+        assert {report.first_node[i] for i in reads.nonzero().flatten().tolist()} == {"tables_3"}
+        assert bool(torch.isfinite(clipped).all())
+        assert torch.equal(clipping.report.flagged, reads)
+        assert torch.equal(clipped[~reads], net(x)[~reads])  # the others: bitwise unchanged
+    finally:
+        with torch.no_grad():
+            table[row, 5] = saved
+    with torch.no_grad():
+        assert not bool(mon.check(net, x).flagged.any())
+
+
+def test_monitor_bounds_of_the_interaction_hold_in_float32(watched):
+    """The float32 module's values of the lookups, the products' sums and the top MLP lie in
+    the monitor's float64 bounds (before padding and rounding outward): no tolerance."""
+    net, mon = watched
+    wrapped = mon.wrap(net, "detect", nodes="all", keep_values=True)
+    x = torch.cat([_inputs(4000, 13), _corners(500, 14).float()])
+    with torch.no_grad():
+        wrapped(x)
+    for name in ("tables_0", "matmul", "cat", "top_2"):
+        value = wrapped.report.values[name].double()
+        iv = mon.bounds[name]
+        assert bool((value >= iv.lower).all()) and bool((value <= iv.upper).all()), name
