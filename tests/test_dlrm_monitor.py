@@ -302,3 +302,14 @@ def test_monitor_bounds_of_the_interaction_hold_in_float32(watched):
         value = wrapped.report.values[name].double()
         iv = mon.bounds[name]
         assert bool((value >= iv.lower).all()) and bool((value <= iv.upper).all()), name
+
+
+def test_example_runs(capsys):
+    """The example end to end, on less data and few faults: it trains, certifies, and prints
+    the campaign's table with no false clips for the certified ranges."""
+    out = DLRM_MODULE["main"](["--quick", "--trials", "3"])
+    text = capsys.readouterr().out
+    assert "certified monitor of" in text and "| certified |" in text
+    assert out["false_clips"]["certified"] == 0.0
+    assert out["campaign"]["clean_auc"]["certified"] == out["campaign"]["clean_auc"]["none"]
+    assert out["campaign"]["clean_auc"]["none"] > 0.7
