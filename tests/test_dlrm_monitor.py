@@ -10,6 +10,7 @@ import runpy
 from fractions import Fraction
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -313,3 +314,53 @@ def test_example_runs(capsys):
     assert out["false_clips"]["certified"] == 0.0
     assert out["campaign"]["clean_auc"]["certified"] == out["campaign"]["clean_auc"]["none"]
     assert out["campaign"]["clean_auc"]["none"] > 0.7
+
+
+# --- ONNX -------------------------------------------------------------------------------------
+
+
+def test_onnx_export_loads_bounds_and_monitors(tmp_path, watched):
+    """The DLRM exported by torch (Slice, Cast to INT64, Gather of each table) loads, computes
+    what the module computes, is monitored without false positives, and a domain whose ids can
+    leave a table is refused naming the Gather node."""
+    from verify.io.onnx_loader import load_onnx
+
+    net, _ = watched
+    path = tmp_path / "dlrm.onnx"
+    torch.onnx.export(net, (torch.zeros(1, DENSE + TABLES),), str(path), dynamo=False,
+                      opset_version=13, input_names=["x"], output_names=["click"],
+                      dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    loaded = load_onnx(path)
+    assert loaded.input_shape == (DENSE + TABLES,)
+    x = _inputs(2000, 15)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), net(x))
+    graph = build_graph(loaded, (DENSE + TABLES,))
+    assert sum(isinstance(n.op, EmbeddingOp) for n in graph.nodes) == TABLES
+    mon = monitor(loaded, DLRM_MODULE["domain"]())
+    with torch.no_grad():
+        assert not bool(mon.check(loaded, x, nodes="all").flagged.any())
+    box = _box()
+    box.upper[0, DENSE + 2] = ROWS  # the third table's id may reach row 1000
+    with pytest.raises(IndexOutOfTableError, match=r"'tables_2_gather'.*\[0, 999\]"):
+        monitor(loaded, Box(box.lower[0], box.upper[0]))
+
+
+def test_onnx_gather_of_a_table_on_another_axis_is_refused(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from verify.io.onnx_loader import load_onnx
+
+    table = numpy_helper.from_array(torch.randn(4, 5).numpy(), "table")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["ids"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["table", "ids"], ["y"], axis=1, name="lookup"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 2])], [table],
+    )  # fmt: skip
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(UnsupportedOperationError, match=r"lookup.*axis 1"):
+        load_onnx(path)

@@ -6,8 +6,8 @@ selections, reshapes and lookups may take:
   `torch.index_select(table, 0, i)` of a constant 2-D table: an `EmbeddingOp`
   (`bounds/ops/embedding.py`) on the index's float source (the cast truncates towards zero;
   the op does the same);
-- `i[...]`, `i.reshape(...)` / `view` / `flatten` / `squeeze` / `unsqueeze`, and `.long()`
-  again: the same on the float source, still an `Index`.
+- `i[...]`, `torch.index_select(i, ...)`, `i.reshape(...)` / `view` / `flatten` / `squeeze` /
+  `unsqueeze`, and `.long()` again: the same on the float source, still an `Index`.
 
 Anything else that takes an `Index` (arithmetic on ids, `EmbeddingBag`, `max_norm`, which
 rewrites the table in place) is an `UnsupportedOperationError` naming the node.
@@ -121,6 +121,8 @@ def call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dict
             return _reindexed(b, name, first, lambda s: shapes.getitem(b, name, s, args[1]))
         if target is operator.getitem and isinstance(args[1], Index):
             return lookup(b, name, args[1], first)
+        if target is torch.index_select and isinstance(first, Index):
+            return _reindexed(b, name, first, lambda s: shapes.index_select(b, name, s, *args[1:]))
         if target is torch.index_select and isinstance(args[2], Index) and args[1] == 0:
             return lookup(b, name, args[2], first)
         if target in _RESHAPE_FUNCTIONS and isinstance(first, Index):
