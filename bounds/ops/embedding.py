@@ -29,17 +29,14 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from bounds.errors import VerificationInputError
+from bounds.errors import IndexOutOfTableError
 from bounds.ops.base import BoundOp, numel
 from bounds.rounding import error_bound
 from bounds.types import Interval
 
 FINITE_ROWS = 1 << 16  # tables up to this many rows are bounded by their finite set of rows
 
-
-class IndexOutOfTableError(VerificationInputError):
-    """An embedding index whose interval reaches outside `[0, rows - 1]` (names the node, the
-    interval and the table's size)."""
+__all__ = ["FINITE_ROWS", "EmbeddingOp", "IndexOutOfTableError", "index_rows"]
 
 
 def index_rows(lower: Tensor, upper: Tensor, rows: int, node: str) -> tuple[Tensor, Tensor]:
