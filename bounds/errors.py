@@ -34,6 +34,11 @@ class InvalidRegionError(VerificationInputError):
     """A negative/NaN eps, lower > upper, or an empty input box."""
 
 
+class IndexOutOfTableError(InvalidRegionError):
+    """An embedding index whose domain reaches outside its table's rows `[0, rows - 1]` (names
+    the lookup node, the index interval and the table's size; `bounds.ops.embedding`)."""
+
+
 class InvalidLimitError(VerificationInputError):
     """A time limit, budget or count that is NaN, negative, zero where it must be positive, or not a
     number (names the limit and its value)."""

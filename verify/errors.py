@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bounds.errors import (
+    IndexOutOfTableError,
     InvalidNetworkError,
     InvalidRegionError,
     ShapeMismatchError,
@@ -30,6 +31,7 @@ class CertificateUnsupportedError(VerificationInputError):
 
 __all__ = [
     "CertificateUnsupportedError",
+    "IndexOutOfTableError",
     "InvalidNetworkError",
     "InvalidRegionError",
     "ShapeMismatchError",

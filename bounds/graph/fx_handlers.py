@@ -6,7 +6,8 @@ our nodes (`bounds.graph.fx_common`). Each supported call on an activation appen
 `(name, op, input names, shape)`; anything else raises UnsupportedOperationError. This file
 maps activations, arithmetic and the affine layers; the shape and other linear operations
 (indexing, cat, permute, pad, reductions, matmul, transposed convolutions, where,
-interpolation, casts) are in `bounds.graph.fx_shapes`. Finally, elementwise affine nodes (BatchNorm,
+interpolation, casts) are in `bounds.graph.fx_shapes`, integer indices and embedding lookups in
+`bounds.graph.fx_embedding`. Finally, elementwise affine nodes (BatchNorm,
 scalings) are folded into the affine op before them (`bounds.ops.compose`).
 """
 
@@ -22,6 +23,7 @@ from torch import Tensor, fx, nn
 
 from bounds.errors import InvalidNetworkError
 from bounds.graph import fx_activations as activations
+from bounds.graph import fx_embedding as embedding
 from bounds.graph import fx_nonlinear as products
 from bounds.graph import fx_shapes as shapes
 from bounds.graph.fx_common import (
@@ -305,6 +307,8 @@ def _call(b: Builder, gm: fx.GraphModule, node: fx.Node, args: list, kwargs: dic
     """Evaluate one call node: fold constants, else map it to a BoundOp."""
     flat: list[Any] = []
     fx.node.map_aggregate((args, kwargs), flat.append)
+    if embedding.handles(node, flat):  # integer indices and embedding lookups
+        return embedding.call(b, gm, node, args, kwargs)
     has_act = any(isinstance(v, Act) for v in flat)
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)

@@ -1,6 +1,7 @@
 """ONNX shape and linear ops -> torch.fx (used by `verify.io.onnx_loader`, next to
 `verify.io.onnx_ops`): Transpose, Slice, Split, Concat, Gather with constant indices, Expand,
-constant Pad, Cast between float types, Where with a constant condition,
+constant Pad, Cast between float types (to integer types and Gather of a constant table by
+a variable index: embedding lookups, `verify.io.onnx_embedding`), Where with a constant condition,
 ConvTranspose and Resize/Upsample (nearest and linear). Semantics follow the ONNX operator
 specification (https://onnx.ai/onnx/operators/); each handler is checked against onnxruntime
 in tests/test_onnx_general.py.
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verify.io import onnx_embedding as embedding
 from verify.io.onnx_builder import GraphBuilder, Traced, Value, as_param, broadcast_operands
 from verify.io.onnx_checks import check_size, float_weight, invalid, mismatch, unsupported
 from verify.io.onnx_fold import node_attributes, normalize_axes
@@ -141,7 +143,10 @@ def _split(b: GraphBuilder, node: Node, inputs: list[Value]) -> list[Traced]:
 
 
 def _gather(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
-    """Gather with constant indices on an activation: index_select, then the output shape."""
+    """Gather with constant indices on an activation: index_select, then the output shape; of
+    a constant table by an activation: an embedding lookup (`verify.io.onnx_embedding`)."""
+    if embedding.is_lookup(inputs):
+        return embedding.lookup(b, node, inputs)
     x = activation(node, inputs)
     idx = constant(node, inputs, 1)
     if idx is None or idx.dtype.kind not in "iu":
@@ -239,7 +244,9 @@ def _cast(b: GraphBuilder, node: Node, inputs: list[Value]) -> Traced:
     """Casts to float32/float64 are exact on our float32 values; half precision rounds."""
     x, to = activation(node, inputs), node_attributes(node).get("to")
     if to in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
-        return x
+        return x if x.example.is_floating_point() else embedding.float_cast(b, node, x)
+    if to in embedding.INTEGER_TYPES:  # embedding ids
+        return embedding.integer_cast(b, node, x)
     name = onnx.TensorProto.DataType.Name(to) if to in onnx.TensorProto.DataType.values() else to
     raise unsupported(node, f"cast of an activation to {name} (only FLOAT and DOUBLE are exact)")
 

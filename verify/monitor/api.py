@@ -56,8 +56,16 @@ accepts only that one, and refused with a `ShapeMismatchError` naming both when 
 (pass `input_shape=`). A box of another shape than the network's is a `ShapeMismatchError`
 naming the expected shape.
 
+Embeddings and products. Embedding lookups (`F.embedding`, `nn.Embedding`, `table[ids]` of
+`ids = x[..].long()`: the ids are float columns of the one input, and the domain's box on them
+the allowed rows, `[0, rows - 1]` for all) are monitored at their exact per-dimension row
+extremes (`bounds.ops.embedding`); a domain that lets an id leave its table is an
+`IndexOutOfTableError` naming the lookup. Products of two activations (`x * y`, `x @ y`: a
+DLRM's dot-product interaction) go through the McCormick relaxation, widened by the product's
+one rounding (`verify.monitor.ranges`). `examples/dlrm_monitor.py` monitors a DLRM.
+
 Limits. One input tensor; graph nodes that no fx node computes (helper nodes) are not
-monitored; activations other than ReLU-like ones are refused. Replacing a submodule of `net`
+monitored; activations other than ReLU-like ones and products are refused. Replacing a submodule of `net`
 after `wrap` is not seen by the wrapped module (`check` refuses it). A wrapped module runs one
 forward at a time (not thread-safe).
 """

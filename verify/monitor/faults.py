@@ -242,6 +242,14 @@ def inject(net: nn.Module, faults: Sequence[Fault]) -> Iterator[None]:
                 raise RuntimeError(f"internal error: weight {index} was not restored")
 
 
+def _corrupt_all(values: Tensor, fault: Fault) -> Tensor:
+    """`values` (1-D) with `fault` applied to every element, as `corrupt` applies it to one."""
+    if fault.value is not None:
+        return torch.full_like(values, fault.value)
+    width = LAYOUT[values.dtype][0]
+    return (values.view(_INT[values.dtype]) ^ _signed(fault.xor, width)).view(values.dtype)
+
+
 def _at_zero(fault: Fault) -> Fault:
     return Fault(fault.target, fault.site, 0, fault.xor, fault.value, fault.sample, fault.bits)
 
@@ -256,12 +264,14 @@ def _activation_hook(faults: list[Fault]):
         rows = out.view(out.shape[0], -1)
         for f in faults:
             _check_index(f, rows.shape[1])
-            samples = range(rows.shape[0]) if f.sample is None else [f.sample]
-            for s in samples:
-                if not 0 <= s < rows.shape[0]:
-                    raise FaultSiteError(f"activation fault at {f.site!r}: sample {s} is out "
-                                         f"of range (batch {rows.shape[0]})")  # fmt: skip
-                rows[s, f.index] = corrupt(rows[s, f.index : f.index + 1], _at_zero(f))[0]
+            if f.sample is None:  # every row at once (the same corruption of each element)
+                rows[:, f.index] = _corrupt_all(rows[:, f.index].contiguous(), f)
+                continue
+            s = f.sample
+            if not 0 <= s < rows.shape[0]:
+                raise FaultSiteError(f"activation fault at {f.site!r}: sample {s} is out "
+                                     f"of range (batch {rows.shape[0]})")  # fmt: skip
+            rows[s, f.index] = corrupt(rows[s, f.index : f.index + 1], _at_zero(f))[0]
         return out
 
     return hook

@@ -1,7 +1,15 @@
 """Certified ranges for `verify.monitor`: every node's bounds over a domain for every
 floating-point evaluation of the network (the float model of `verify.monitor`'s docstring:
 each affine op's rounding error as a bounded extra input, `_Rounded`; CROWN's own float64
-rounding padded by `crown_pad`)."""
+rounding padded by `crown_pad`).
+
+Besides affine ops and ReLU-like activations: embedding lookups (`bounds.ops.embedding`: data
+movement, exact in floating point) and products of two activations (`x * y`, and the terms of
+`x @ y`): one IEEE multiplication, correctly rounded, `fl(x y) = x y (1 + d) + e` with
+`|d| <= u` and `|e| <= eta` (the smallest normal number: flushed subnormals covered; Higham,
+Sec. 2.2), so the McCormick lines and the interval are widened by `u max|x y| + eta` over the
+box (`_RoundedProduct`; TF32 rounds the factors first: `f + u + f u` relative). The sums of `x @ y` are a `ReduceOp` (affine: `_Rounded`); together
+they cover any evaluation order of the dot products, fused multiply-adds included."""
 
 from __future__ import annotations
 
@@ -16,8 +24,11 @@ from bounds.errors import (
 )
 from bounds.graph.graph import Graph, Node
 from bounds.methods.crown import crown
-from bounds.ops import ActivationOp, ConvOp, LinearOp, ReshapeOp, SumOp
+from bounds.ops import ActivationOp, ConvOp, LinearOp, MultiActivationOp, ReshapeOp, SumOp
+from bounds.ops.embedding import EmbeddingOp
+from bounds.rounding import eta
 from bounds.types import Interval, rounded_down, rounded_up
+from relaxations.base import MultiLinearBounds
 
 FLOAT64_UNIT = 2.0**-53
 
@@ -79,6 +90,42 @@ class _Rounded:
         return self.op.bias_term(A) - (A.abs() * self.radius.unsqueeze(1)).flatten(2).sum(-1)
 
 
+# Functions of several activations that IEEE arithmetic evaluates with one correct rounding.
+CORRECTLY_ROUNDED = ("product",)
+
+
+class _RoundedProduct:
+    """A product relaxation widened by the float evaluation's rounding: `u m + eta`, `m` the
+    largest `|x y|` over the box (its extreme corners), on both lines and the interval."""
+
+    def __init__(self, relaxation, unit: tuple[float, float], dtype: torch.dtype) -> None:
+        self.relaxation, self.unit, self.eta = relaxation, unit, eta(dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.relaxation, name)
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return self.relaxation.forward(*inputs)
+
+    def _radius(self, lowers, uppers) -> Tensor:
+        """`(f + u + f u) m + eta`: the factors' rounding `f` (TF32) and the product's `u`."""
+        low, high = self.relaxation.interval(lowers, uppers)
+        factors, sums = self.unit
+        relative = factors + sums + factors * sums
+        return relative * torch.maximum(low.abs(), high.abs()) + self.eta
+
+    def interval(self, lowers, uppers) -> tuple[Tensor, Tensor]:
+        low, high = self.relaxation.interval(lowers, uppers)
+        radius = self._radius(lowers, uppers)
+        return low - radius, high + radius
+
+    def linear_bounds(self, lowers, uppers, params=None) -> MultiLinearBounds:
+        lines = self.relaxation.linear_bounds(lowers, uppers, params)
+        radius = self._radius(lowers, uppers)
+        return MultiLinearBounds(lines.lower_slopes, lines.lower_intercept - radius,
+                                 lines.upper_slopes, lines.upper_intercept + radius)  # fmt: skip
+
+
 def _check_activation(node) -> None:
     """ReLU-like only: pieces with slopes in {0, 1} and no intercepts are exact in float."""
     pieces = node.op.relaxation.pieces
@@ -94,12 +141,18 @@ def _check_activation(node) -> None:
 
 
 def rounded_graph(graph: Graph, unit: tuple[float, float]) -> Graph:
-    """`graph` with every affine op but reshapes replaced by its `_Rounded` version."""
+    """`graph` with every affine op but reshapes replaced by its `_Rounded` version, and every
+    product by its `_RoundedProduct` (embedding lookups are exact)."""
     nodes = [graph.input]
+    dtype = {2.0**-24: torch.float32}.get(unit[1], torch.float64)
     for node in graph.nodes[1:]:
         op = node.op
-        if isinstance(op, ActivationOp):
+        if isinstance(op, MultiActivationOp) and op.relaxation.name in CORRECTLY_ROUNDED:
+            op = MultiActivationOp(_RoundedProduct(op.relaxation, unit, dtype), op.out_shape)
+        elif isinstance(op, ActivationOp):
             _check_activation(node)
+        elif isinstance(op, EmbeddingOp):
+            pass
         elif not op.is_affine:
             raise UnsupportedOperationError(type(op).__name__, node.name, "not affine")
         elif not isinstance(op, ReshapeOp):
@@ -134,14 +187,26 @@ def crown_pad(graph: Graph, box: Interval) -> dict[str, Tensor]:
     total = int(box.lower[0].numel())
     for node in graph.nodes[1:]:
         mags = [chain[i] for i in node.inputs]
+        if isinstance(node.op, MultiActivationOp):  # McCormick: |a x| + |b y| + |c| <= 3 |x||y|
+            chain[node.name] = 3 * mags[0] * mags[1]
+            continue
         if isinstance(node.op, ActivationOp):
             chain[node.name] = mags[0]
+            continue
+        if isinstance(node.op, EmbeddingOp):  # a row: no functional goes on to the index
+            table = node.op.table.abs().amax(0)
+            chain[node.name] = table.expand(mags[0].shape + table.shape).clone()
+            total += node.op.dim
             continue
         zero = node.op.forward(*(torch.zeros_like(m) for m in mags)).abs()
         chain[node.name] = _abs_apply(node.op, mags) + zero
         total += _terms(node.op, mags)
     pad = 2 * _gamma(total, FLOAT64_UNIT)
-    return {name: pad * value for name, value in chain.items()}
+    pads = {name: pad * value for name, value in chain.items()}
+    for node in graph.nodes[1:]:  # a lookup's interval is its rows' extremes: exact, no pad
+        if isinstance(node.op, EmbeddingOp):
+            pads[node.name] = torch.zeros_like(pads[node.name])
+    return pads
 
 
 def certified_ranges(
