@@ -315,6 +315,7 @@ def crown_intervals(
     every_neuron: bool = False,
     exact: bool = True,
     durations: list[float] | None = None,
+    targets: list[str] | None = None,
 ) -> dict[str, Interval]:
     """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
     and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
@@ -330,16 +331,17 @@ def crown_intervals(
     Sound in floating point (`bounds.rounding`): a float32 network's intervals are computed in
     float64 (`Graph.float64`) and rounded outward. `exact=False`: in the network's dtype, the
     backward passes' rounding not accounted for (faster; not sound in floating point: for
-    searches whose closing bounds are rechecked exactly)."""
+    searches whose closing bounds are rechecked exactly). `targets`: the pre-activations CROWN
+    bounds (default: `needs_crown`); the others keep IBP's intervals (with `given`)."""
     if exact and box.lower.dtype != torch.float64:
         found = crown_intervals(
             graph.float64, in_float64(box), intervals_in_float64(given), deadline, every_neuron,
-            True, durations,
+            True, durations, targets,
         )  # fmt: skip
         return intervals_outward(found, box.lower.dtype)
     intervals: dict[str, Interval] = {graph.input.name: box}
     durations = [] if durations is None else durations  # one chunk's seconds predict the next
-    targets = set(needs_crown(graph))
+    targets = set(needs_crown(graph) if targets is None else targets)
     given = given or {}
     for node in graph.nodes[1:]:
         iv = node_interval(node, [intervals[i] for i in node.inputs])

@@ -168,7 +168,7 @@ class BabConfig:
     float64_recheck: bool = True
     recheck_tol: float = 0.0
     root_float64: bool = True
-    clip: bool = True
+    clip: bool = False
     splitting: str = "auto"
     input_split_max_dims: int = 12
     relu: ReluSplitConfig = field(default_factory=ReluSplitConfig)

@@ -105,7 +105,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=BabConfig.clip,
         help="input splitting: clip the region's box to where a counterexample can lie, by "
-        "the root's float64 linear bounds (default on)",
+        "the root's float64 linear bounds (default off: no gain measured on ACAS Xu and the "
+        "bias-field nets)",
     )
     parser.add_argument(
         "--prox-sweeps",
