@@ -166,7 +166,7 @@ def verify(
     spec: VnnlibProperty | str | os.PathLike,
     *,
     timeout: float = 60.0,
-    method: str = "crown",
+    method: str | None = None,
     config: BabConfig | None = None,
     splitting: str | None = None,
     seed: int = 0,
@@ -203,8 +203,10 @@ def verify(
             `[n_inputs]` (the flattened input) and its polytopes' rows `[m, n_outputs]`.
         timeout: seconds, a finite number > 0.
         method: the bound method for every domain of input splitting (`config.method` is
-            replaced by it; the rest of `config` defaults to `BabConfig()`); ReLU splitting
-            bounds its domains by alpha-beta-CROWN.
+            replaced by it, and `config.fast_method` turned off; the rest of `config` defaults
+            to `BabConfig()`); None: `config`'s (by default CROWN, or the `forward` method
+            where it is at least twice as fast on the region's box); ReLU splitting bounds its
+            domains by alpha-beta-CROWN.
         config: the branch-and-bound settings (`BabConfig`, with `ReluSplitConfig` for ReLU
             splitting).
         splitting: "auto", "input" or "relu" (replaces `config.splitting` when given; "auto":
@@ -238,7 +240,9 @@ def verify(
     Every error is raised before any search.
     """
     seconds = check_timeout(timeout)
-    config = replace(config or BabConfig(), method=method)
+    config = config or BabConfig()
+    if method is not None:
+        config = replace(config, method=method, fast_method=None)
     if splitting is not None:
         config = replace(config, splitting=splitting)
     if certificate is not None:

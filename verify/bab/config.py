@@ -120,7 +120,9 @@ class PortfolioConfig:
 
 @dataclass(frozen=True)
 class BabConfig:
-    """method: bounds for every domain; strong_method (None: off) for domains at depth >=
+    """method: bounds for every domain, unless fast_method (None: off), timed against it on
+    the region's box, is at least fast_ratio times faster there (input splitting on at most
+    fast_max_inputs inputs; `InputBounder.choose`); strong_method (None: off) for domains at depth >=
     strong_depth, with strong_options; batch_size: first domains per bounds call, adapted by
     measured throughput between min_batch and max_batch (halved on out-of-memory); branching:
     "smear" (|gradient| x width of the critical row at the centre) or "widest" (normalised
@@ -148,6 +150,9 @@ class BabConfig:
     bounds the midpoints of pairs of a polytope's rows (`UnsafeSpec.with_combinations`)."""
 
     method: str = "crown"
+    fast_method: str | None = "forward"
+    fast_ratio: float = 2.0
+    fast_max_inputs: int = 64
     strong_method: str | None = "alpha-crown"
     strong_depth: int = 30
     strong_options: dict[str, Any] = field(
@@ -179,6 +184,8 @@ class BabConfig:
         if self.branching not in INPUT_BRANCHINGS.names():
             names = INPUT_BRANCHINGS.names()
             raise ValueError(f"branching must be one of {names}, got {self.branching!r}")
+        if self.fast_ratio < 1 or self.fast_max_inputs < 0:
+            raise ValueError("need fast_ratio >= 1 and fast_max_inputs >= 0")
         if self.trial_dims < 1 or self.trial_score not in TRIAL_SCORES:
             raise ValueError(f"need trial_dims >= 1 and trial_score in {sorted(TRIAL_SCORES)}")
         if not 1 <= self.min_batch <= self.batch_size <= self.max_batch:

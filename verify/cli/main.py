@@ -36,7 +36,6 @@ from verify.certificate import check_certificate
 from verify.certificate.store import sha256_file
 from verify.cli import faults, vnncomp
 from verify.cli.options import (
-    DEFAULT_METHOD,
     add_common,
     bab_config,
     check_method,
@@ -110,7 +109,7 @@ def run_one(args: argparse.Namespace) -> VerificationResult:
         check_output_file(args.certificate, "--certificate")
         network, prop_path = (resolve(Path.cwd(), str(p)) for p in (args.network, args.property))
         result = verify(
-            network, prop_path, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
+            network, prop_path, timeout=args.timeout, method=args.method,
             splitting=args.splitting, config=bab_config(args), workers=args.workers or 1,
             ray_address=args.ray, certificate=args.certificate,
         )  # fmt: skip
@@ -127,7 +126,7 @@ def run_one(args: argparse.Namespace) -> VerificationResult:
             result = VerificationResult("timeout", None, 0.0, {})
         else:
             result = verify(
-                net, prop, timeout=seconds, method=args.method or DEFAULT_METHOD,
+                net, prop, timeout=seconds, method=args.method,
                 splitting=args.splitting, config=config,
             )  # fmt: skip
     if args.results_file is not None:
@@ -159,7 +158,7 @@ def run_sharded(args: argparse.Namespace) -> VerificationResult:
         bar = progress.Progress(workers, stream=sys.stderr)
         with progress.reporting(bar):
             result = verify(
-                net, prop, timeout=args.timeout, method=args.method or DEFAULT_METHOD,
+                net, prop, timeout=args.timeout, method=args.method,
                 splitting=args.splitting, config=config, workers=workers, ray_address=args.ray,
             )  # fmt: skip
         bar.close()
@@ -232,7 +231,7 @@ def _run_instance(args, instance: Instance, root: Path, nets: dict, config, star
         certificate = args.certificates / f"{_stem(net_paths[0])}__{_stem(prop_path)}.cert"
         hashes = (sha256_file(net_paths[0]), sha256_file(prop_path))
     result = verify(
-        nets[key], prop, timeout=budget, method=args.method or DEFAULT_METHOD,
+        nets[key], prop, timeout=budget, method=args.method,
         splitting=args.splitting, config=config, certificate=certificate, hashes=hashes,
     )  # fmt: skip
     if result.stats.get("interrupted"):

@@ -81,8 +81,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method",
         type=method_option,
-        help=f"bound method per input-split domain ({DEFAULT_METHOD}); ReLU splitting always "
-        "uses alpha-beta-CROWN, so --method with --splitting relu is an error",
+        help=f"bound method per input-split domain (default {DEFAULT_METHOD}, or forward where "
+        "it is at least twice as fast on the region's box, for at most 64 inputs); ReLU "
+        "splitting always uses alpha-beta-CROWN, so --method with --splitting relu is an error",
     )
     parser.add_argument(
         "--splitting",

@@ -35,7 +35,6 @@ import torch
 from bounds.errors import VerificationInputError
 from verify.bab import ReluSplitConfig
 from verify.cli.options import (
-    DEFAULT_METHOD,
     bab_config,
     check_method,
     check_output_file,
@@ -140,7 +139,7 @@ def solve_job(job: Job, settings: Settings) -> Answer:
     budget = job.budget - queued - (time.monotonic() - start)
     if budget <= 0:
         return Answer(job.index, "timeout", pid=os.getpid())
-    result = verify(net, prop, timeout=budget, method=settings.method or DEFAULT_METHOD,
+    result = verify(net, prop, timeout=budget, method=settings.method,
                     splitting=settings.splitting, config=config)  # fmt: skip
     domains = sum(int(r.get("domains", 0)) for r in result.stats.get("regions", []))
     return Answer(job.index, result.status, domains, os.getpid(),

@@ -77,6 +77,7 @@ class InputBounder:
         depth = torch.zeros(1, dtype=torch.long, device=lower.device)
         unknown = lower.new_full((1, self.spec.C.shape[0]), -torch.inf)
         domain = Domains(lower, upper, unknown, unknown[:, 0], depth)
+        self.choose(domain)
         tick = time.perf_counter()
         if self.check.active and self.config.root_float64:
             root = self.root64(domain)
@@ -85,6 +86,33 @@ class InputBounder:
         self.sizer.seed(time.perf_counter() - tick)
         open_ = root.open()
         return open_, try_points(box_points(open_, self.config.corner_domains))
+
+    def choose(self, d: Domains) -> None:
+        """Bound every box by `fast_method` instead of `method` when, timed on the region's box
+        `d` (each once, as the search bounds its boxes), it is at least `fast_ratio` times
+        faster: the method is given that many times the fast one's seconds and loses when it
+        has not finished by then (input splitting on at most `fast_max_inputs` inputs; the
+        choice and both times in `stats`)."""
+        fast, config = self.config.fast_method, self.config
+        if fast is None or fast == config.method or d.lower.shape[1] > config.fast_max_inputs:
+            return
+        candidate = get_method(fast)
+        options = method_config(candidate, {})
+        seconds = []
+        for method, cfg in ((candidate, options), (self.methods[False][0], self.configs[False])):
+            left = self.clock.left()
+            budget = left if not seconds else min(left, config.fast_ratio * seconds[0])
+            tick = time.perf_counter()
+            bounds(self.graph, lower=d.lower.reshape(-1, *self.shape),
+                   upper=d.upper.reshape(-1, *self.shape), C=self.spec.C, method=method,
+                   exact=False, budget=Budget(seconds=max(1e-3, budget)), config=cfg)  # fmt: skip
+            seconds.append(time.perf_counter() - tick)
+        self.stats["method_seconds"] = {fast: seconds[0], config.method: seconds[1]}
+        if seconds[1] >= config.fast_ratio * seconds[0]:
+            self.methods[False] = (candidate, {})
+            self.configs[False] = options
+            self.rechecks[False] = recheck_of(candidate, options, self.check.spec, self.check.tol)
+            self.stats["method"] = fast
 
     def root64(self, d: Domains) -> Domains:
         """The region's box `d` bounded once, in float64 by the plain method with its rounding

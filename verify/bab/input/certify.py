@@ -59,7 +59,8 @@ def certificate_config(config: BabConfig) -> BabConfig:
     """`config` for certificate mode: the same methods, input splitting, the float64 recheck
     on (it gives the leaves) with a margin of `prune_tol` (`recheck_tol`: the claims stay
     below what the checker re-derives, with its own rounding), the root bounded as any
-    domain (`root_float64` off: it would close a root without a leaf);
+    domain (`root_float64` off: it would close a root without a leaf), `method` alone (no
+    `fast_method`);
     `CertificateUnsupportedError` for a method whose bound no leaf's
     parameters give (not CROWN, or alpha-CROWN optimising intermediate slopes) or ReLU
     splitting (whose certificate mode is `verify.bab.relu.certify.relu_certificate_config`)."""
@@ -76,7 +77,7 @@ def certificate_config(config: BabConfig) -> BabConfig:
     if config.splitting == "relu":
         raise CertificateUnsupportedError("ReLU splitting: use relu_certificate_config")
     return replace(config, splitting="input", float64_recheck=True, root_float64=False,
-                   recheck_tol=config.prune_tol)  # fmt: skip
+                   recheck_tol=config.prune_tol, fast_method=None)  # fmt: skip
 
 
 def combination_weights(region: Region, max_rows: int = 6) -> list[tuple[int, np.ndarray]]:
