@@ -12,8 +12,13 @@ from torch import nn
 
 import verify
 from bounds.graph.graph import build_graph
-from bounds.methods.forward import concretize, forward_intervals, input_functions, sizes
-from bounds.methods.forward import _node_functions as node_functions
+from bounds.methods.forward import (
+    concretize,
+    forward_intervals,
+    input_functions,
+    node_functions,
+    sizes,
+)
 from bounds.types import Interval
 from tests.model_zoo import ZOO, make
 from tests.soundness import box_samples

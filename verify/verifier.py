@@ -205,7 +205,7 @@ def verify(
         method: the bound method for every domain of input splitting (`config.method` is
             replaced by it, and `config.fast_method` turned off; the rest of `config` defaults
             to `BabConfig()`); None: `config`'s (by default CROWN, or the `forward` method
-            where it is at least twice as fast on the region's box); ReLU splitting bounds its
+            where it is at least 1.5 times as fast on the region's box); ReLU splitting bounds its
             domains by alpha-beta-CROWN.
         config: the branch-and-bound settings (`BabConfig`, with `ReluSplitConfig` for ReLU
             splitting).

@@ -224,7 +224,7 @@ def forward_intervals(
         if node.name in given:
             iv = iv.intersect(given[node.name])
         intervals[node.name] = iv  # an activation's lines need its own interval's magnitude
-        found = _node_functions(graph, node, inputs, box, intervals, exact)
+        found = node_functions(graph, node, inputs, box, intervals, exact)
         if found is not None:
             functions[node.name] = found
             iv = iv.intersect(concretize(found, box))
@@ -232,7 +232,7 @@ def forward_intervals(
     return intervals
 
 
-def _node_functions(
+def node_functions(
     graph: Graph, node: Node, inputs: list[Functions], box: Interval,
     intervals: dict[str, Interval], exact: bool,
 ) -> Functions | None:  # fmt: skip

@@ -151,7 +151,7 @@ class BabConfig:
 
     method: str = "crown"
     fast_method: str | None = "forward"
-    fast_ratio: float = 2.0
+    fast_ratio: float = 1.5
     fast_max_inputs: int = 64
     strong_method: str | None = "alpha-crown"
     strong_depth: int = 30

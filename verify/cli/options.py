@@ -82,7 +82,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "--method",
         type=method_option,
         help=f"bound method per input-split domain (default {DEFAULT_METHOD}, or forward where "
-        "it is at least twice as fast on the region's box, for at most 64 inputs); ReLU "
+        "it is at least 1.5 times as fast on the region's box, for at most 64 inputs); ReLU "
         "splitting always uses alpha-beta-CROWN, so --method with --splitting relu is an error",
     )
     parser.add_argument(

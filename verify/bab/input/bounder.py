@@ -89,7 +89,8 @@ class InputBounder:
 
     def choose(self, d: Domains) -> None:
         """Bound every box by `fast_method` instead of `method` when, timed on the region's box
-        `d` (each once, as the search bounds its boxes), it is at least `fast_ratio` times
+        `d` (as the search bounds its boxes; the fast one twice, the first call warming its
+        code paths), it is at least `fast_ratio` times
         faster: the method is given that many times the fast one's seconds and loses when it
         has not finished by then (input splitting on at most `fast_max_inputs` inputs; the
         choice and both times in `stats`)."""
@@ -98,15 +99,17 @@ class InputBounder:
             return
         candidate = get_method(fast)
         options = method_config(candidate, {})
-        seconds = []
-        for method, cfg in ((candidate, options), (self.methods[False][0], self.configs[False])):
+        seconds: list[float] = []
+        plain = (self.methods[False][0], self.configs[False])
+        for method, cfg in ((candidate, options), (candidate, options), plain):  # warm, then timed
             left = self.clock.left()
-            budget = left if not seconds else min(left, config.fast_ratio * seconds[0])
+            budget = left if method is candidate else min(left, config.fast_ratio * min(seconds))
             tick = time.perf_counter()
             bounds(self.graph, lower=d.lower.reshape(-1, *self.shape),
                    upper=d.upper.reshape(-1, *self.shape), C=self.spec.C, method=method,
                    exact=False, budget=Budget(seconds=max(1e-3, budget)), config=cfg)  # fmt: skip
             seconds.append(time.perf_counter() - tick)
+        seconds = [min(seconds[:2]), seconds[2]]
         self.stats["method_seconds"] = {fast: seconds[0], config.method: seconds[1]}
         if seconds[1] >= config.fast_ratio * seconds[0]:
             self.methods[False] = (candidate, {})
