@@ -50,7 +50,8 @@ class _Capture(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
-        self.values[n.name] = value
+        # a copy: a later in-place op (`nn.ReLU(inplace=True)`) must not change what we saw
+        self.values[n.name] = value.clone() if isinstance(value, Tensor) else value
         return value
 
 
