@@ -319,7 +319,9 @@ def variants(bench: Bench) -> dict[str, nn.Module]:
     mon, net = bench.monitor, bench.net
     return {"clip": mon.wrap(net, "clip"),
             "detect_ranges": mon.wrap(net, "detect", checksums=False),
-            "detect": mon.wrap(net, "detect")}  # fmt: skip
+            "detect_ranges_relu": mon.wrap(net, "detect", checksums=False, through_relu=True),
+            "detect": mon.wrap(net, "detect"),
+            "detect_relu": mon.wrap(net, "detect", through_relu=True)}  # fmt: skip
 
 
 def fault_free(bench: Bench, wrapped: dict[str, nn.Module], x: torch.Tensor, region) -> dict:
@@ -431,22 +433,33 @@ def detection_row(trials: int, extra: int) -> dict:
     return result
 
 
+VARIANT_HEADS = {"clip": "clip", "detect_ranges": "detect (ranges)",
+                 "detect_ranges_relu": "detect (ranges, through_relu)",
+                 "detect": "detect (ranges + checksums)",
+                 "detect_relu": "detect (ranges + checksums, through_relu)"}  # fmt: skip
+
+
 def production_table(results: dict) -> str:
-    lines = ["| row | batch | plain ms | clip | detect (ranges) | detect (ranges + checksums) "
-             "| fault-free: equal / flagged |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    names = [n for n in VARIANT_HEADS if any(n in e["latency"] for r in results.values()
+                                             for k, e in r.items() if k.startswith("b"))]  # fmt: skip
+    lines = [f"| row | batch | plain ms | {' | '.join(VARIANT_HEADS[n] for n in names)} "
+             "| fault-free: equal / flagged |", "|---" * (len(names) + 4) + "|"]  # fmt: skip
     for row, res in results.items():
         for key, entry in res.items():
             if not key.startswith("b"):
                 continue
             lat = entry["latency"]
             cells = []
-            for name in ("clip", "detect_ranges", "detect"):
+            for name in names:
+                if name not in lat:
+                    cells.append("")
+                    continue
                 v = lat[name]
                 cells.append(f"{100 * (v['ratio'] - 1):+.2f}% ({100 * (v['ratio_min'] - 1):+.1f}"
                              f"..{100 * (v['ratio_max'] - 1):+.1f})")  # fmt: skip
             ff = entry["fault_free"]
             equal = all(v["equal"] for v in ff.values())
-            flagged = sum(v["flagged"] for v in ff.values())
+            flagged = sum(v["flagged"] for v in ff.values())  # over the detect variants
             lines.append(f"| {row} | {key[1:]} | {lat['plain']['s'] * 1e3:.3f} | "
                          f"{' | '.join(cells)} | {equal} / {flagged} |")  # fmt: skip
     return "\n".join(lines) + "\n"

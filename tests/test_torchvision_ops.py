@@ -23,7 +23,7 @@ from bounds.ops.adaptive_pool import adaptive_windows
 from tests.soundness import assert_contains, box_samples
 from tests.torchvision_zoo import randomise_batchnorm, resnet18, vgg11
 from verify.io.onnx_loader import load_onnx
-from verify.monitor import Ball
+from verify.monitor import Ball, MonitorOptionError
 
 D = torch.float64
 
@@ -249,3 +249,105 @@ def test_monitor_sees_faults_on_the_model():
             assert bool(detect.report.flagged.all())
         finally:
             weight.copy_(saved)
+
+
+def _twins(dtype=torch.float32):
+    """The narrow CIFAR ResNet-18 with in-place ReLUs and the same network with out-of-place
+    ones (the same weights): the monitors' checks must not depend on how the ReLU is spelled."""
+    net, shape = model("resnet18_cifar", dtype)
+    plain = model("resnet18_cifar", dtype)[0]
+    for m in plain.modules():
+        if isinstance(m, nn.ReLU):
+            m.inplace = False
+    return net, plain, shape
+
+
+def _planted(net: nn.Module, value: float):
+    """A fault in the first block's first convolution (its BatchNorm and ReLU follow): the
+    kernel of output channel 0 set to `value` (its inputs are ReLU outputs: the channel moves
+    in the direction of `value`'s sign)."""
+    weight = net.layer1[0].conv1.weight
+    saved = weight.clone()
+    weight[0] = value
+    return weight, saved
+
+
+@pytest.mark.parametrize("value", [3e3, -3e3])
+def test_in_place_relus_clip_and_detect_as_out_of_place(value):
+    """Under a planted fault, clipping (clamps in place) gives the same output to the bit and
+    detection the same per-node flags on both twins; with `through_relu` a value driven far
+    below a lower end that only a ReLU reads is not flagged there."""
+    net, plain, shape = _twins()
+    centre, lower, upper = ball(shape, 0.02, torch.float32)
+    mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
+    x = box_samples(lower, upper, 32, seed=9)[0]
+    results = {}
+    with torch.no_grad():
+        for tag, module in (("inplace", net), ("plain", plain)):
+            wrapped = {through: mon.wrap(module, "detect", through_relu=through)
+                       for through in (False, True)}  # fmt: skip
+            wrapped["clip"] = mon.wrap(module, "clip")  # wrapped before the fault is planted
+            wrapped["values"] = mon.wrap(module, "detect", keep_values=True)
+            weight, saved = _planted(module, value)
+            try:
+                for key, w in wrapped.items():
+                    y = w(x)
+                    results[tag, key] = y if key == "clip" else w.report.node_flags
+                values = wrapped["values"].report.values
+            finally:
+                weight.copy_(saved)
+    for key in (False, True, "clip"):
+        assert torch.equal(results["inplace", key], results["plain", key])
+    name = "layer1_0_bn1"  # read only by its (in-place) ReLU
+    node = mon.nodes.index(name)
+    v = values[name].flatten(1)
+    lo, hi = (t.flatten(1) for t in mon.ranges[name])
+    strict = ((v < lo) | (v > hi)).any(1)
+    relaxed = ((v < torch.where(lo > 0, lo, -torch.inf)) | (v > hi.clamp(min=0))).any(1)
+    assert bool(strict.any())
+    assert torch.equal(results["plain", False][:, node], strict)
+    assert torch.equal(results["plain", True][:, node], relaxed)
+    if value > 0:
+        assert torch.equal(relaxed, strict)
+
+
+def test_checksums_chosen_by_cost_or_name():
+    net, shape = model("vgg11", torch.float32)
+    centre, _, _ = ball(shape, 0.02, torch.float32)
+    mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
+    costs = {n: c.cost for n, c in mon.sums.items()}
+    assert costs and all(c > 0 for c in costs.values())
+    cheap = sorted(costs.values())[len(costs) // 2]
+    for option, expected in ((True, set(costs)), (False, set()), (0.0, set()),
+                             (cheap, {n for n, c in costs.items() if c <= cheap}),
+                             (["classifier_0"], {"classifier_0"})):  # fmt: skip
+        wrapped = mon.wrap(net, "detect", checksums=option)
+        recorder = wrapped._checker.sums
+        found = {c.node for c in recorder.checks} if recorder is not None else set()
+        assert found == expected, option
+    with pytest.raises(MonitorOptionError):
+        mon.wrap(net, "detect", checksums="classifier_0")
+    with pytest.raises(MonitorOptionError, match="features_1"):
+        mon.wrap(net, "detect", checksums=["features_1"])  # a ReLU: no checksum
+
+
+@pytest.mark.parametrize("value", [3e3, -3e3])
+def test_detection_of_one_sample_as_in_a_batch(value):
+    """Batch 1 (the values copied as the extremes) flags what a larger batch flags per row."""
+    net, shape = model("resnet18_cifar", torch.float32)
+    centre, lower, upper = ball(shape, 0.02, torch.float32)
+    mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
+    x = box_samples(lower, upper, 6, seed=10)[0]
+    detect = mon.wrap(net, "detect")
+    weight, saved = _planted(net, value)
+    try:
+        with torch.no_grad():
+            detect(x)
+            batch = detect.report
+            for i in range(len(x)):
+                detect(x[i : i + 1])
+                assert torch.equal(detect.report.node_flags[0], batch.node_flags[i])
+                assert detect.report.first_node[0] == batch.first_node[i]
+    finally:
+        weight.copy_(saved)
+    assert bool(batch.flagged.all())

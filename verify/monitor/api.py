@@ -306,8 +306,9 @@ class Monitor:
         nodes: str | Sequence[str] = "affine",
         ranges: dict[str, tuple[Any, Any]] | None = None,
         keep_values: bool = False,
-        checksums: bool = True,
+        checksums: bool | float | Sequence[str] = True,
         compile: bool = False,
+        through_relu: bool = False,
     ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -317,9 +318,15 @@ class Monitor:
         replace the certified ranges (baselines only: unverified ranges, broadcastable to
         `[*shape]`). `keep_values`: the report keeps the raw value of every checked node.
         `checksums`: detection also checks the checksum invariant of every checked linear
-        layer (`verify.monitor.sums`; a failure flags the layer's node). `compile`: detection
+        layer (`verify.monitor.sums`; a failure flags the layer's node); a number `c`: only
+        the checksums whose cost relative to their layer (`SumCheck.cost`) is at most `c`; a
+        list of node names: the checksums of those nodes. `compile`: detection
         through `torch.compile` (`verify.monitor.compiled`; "detect" only, no kept values;
-        the eager wrapper serves the calls the compiled graph would not see alike)."""
+        the eager wrapper serves the calls the compiled graph would not see alike).
+        `through_relu`: a node read only by a ReLU is checked as the ReLU sees it (a value
+        below a lower end `lo <= 0` is not flagged: the ReLU maps it to the output of the
+        in-range `lo`), one reduction instead of two and no copy before an in-place ReLU
+        (`verify.monitor.check._Checker`)."""
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):
             raise MonitorOptionError("compile=True supports action='detect' without keep_values")
@@ -333,8 +340,10 @@ class Monitor:
             chosen = [_given_range(ranges, n, self.graph[n].shape, like) for n in names]
         gm = shared_trace(net)
         shapes = [self.graph[n].shape for n in names]
-        sums = [self.sums[n] for n in names if n in self.sums] if checksums else []
-        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums)
+        _check_checksum_names(checksums, self.sums)
+        sums = [self.sums[n] for n in names if n in self.sums and _chosen(self.sums[n], checksums)]
+        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums,
+                               through_relu)  # fmt: skip
         eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
         if not compile:
             return eager
@@ -355,6 +364,29 @@ class Monitor:
             cache[key] = self.wrap(net, "detect", nodes=nodes)
         with torch.no_grad():
             return cache[key].run(x, region)[1]
+
+
+def _chosen(check: SumCheck, checksums: bool | float | Sequence[str]) -> bool:
+    """Whether `wrap(..., checksums=...)` keeps `check`: all, none, those of cost at most a
+    number, or those of the named nodes."""
+    if isinstance(checksums, bool):
+        return checksums
+    if isinstance(checksums, (int, float)):
+        return check.cost <= checksums
+    if isinstance(checksums, str) or not isinstance(checksums, Sequence):
+        raise MonitorOptionError(f"checksums must be a bool, a number or a list of node names; "
+                                 f"got {checksums!r}")  # fmt: skip
+    return check.node in checksums
+
+
+def _check_checksum_names(checksums: Any, sums: dict[str, SumCheck]) -> None:
+    """A list of node names for `checksums` names nodes that have one."""
+    if isinstance(checksums, (bool, int, float, str)) or not isinstance(checksums, Sequence):
+        return
+    unknown = [n for n in checksums if n not in sums]
+    if unknown:
+        raise MonitorOptionError(f"checksums: node {unknown[0]!r} has no checksum; nodes with "
+                                 f"one: {', '.join(sums) or 'none'}")  # fmt: skip
 
 
 def _given_range(ranges, name: str, shape, like: Tensor) -> tuple[Tensor, Tensor]:

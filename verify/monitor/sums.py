@@ -62,7 +62,6 @@ from bounds.ops import ConvOp, LinearOp
 from bounds.types import Interval, rounded_down, rounded_up
 
 FLOAT64_UNIT = 2.0**-53
-_RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
 
 
 def _gamma(n: int, unit: float) -> float:
@@ -74,7 +73,9 @@ class SumCheck:
     """The checksum of the linear node `node`: its input is `relu(source)` (`relu`) or
     `source`, flattened from dim 1 (`flatten`), its absolute value taken unless certified
     non-negative (`absolute`); `weights [2, n] = [c, a]`, `bias_sum = d`, tolerance
-    `k1 * (a^T |x|) + k0`; all in the network's dtype."""
+    `k1 * (a^T |x|) + k0`; all in the network's dtype. `cost`: the check's work relative to
+    the layer's, `(M + 2 N) / (M n_c)` (its passes over `y` and `x` per multiply-add of the
+    layer: `wrap(..., checksums=c)` keeps the checks of cost at most `c`)."""
 
     node: str
     source: str
@@ -85,12 +86,35 @@ class SumCheck:
     bias_sum: float
     k1: float
     k0: float
+    cost: float = 0.0
+
+
+_RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
+_INPLACE_RELU_FUNCTIONS = (torch.relu_, nn.functional.relu_)
+
+
+def relu_call(node: fx.Node, gm: fx.GraphModule) -> bool | None:
+    """Whether `node` is a ReLU of its first argument, and how: None (not a ReLU), True (it
+    overwrites its input: `nn.ReLU(inplace=True)`, `F.relu(x, inplace=True)`, `x.relu_()`,
+    `torch.relu_`) or False (`nn.ReLU()`, `torch.relu`, `F.relu`, `x.relu()`)."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        return bool(module.inplace) if type(module) is nn.ReLU else None
+    if len(node.args) != 1 or not isinstance(node.args[0], fx.Node):
+        return None
+    if set(node.kwargs) - {"inplace"}:
+        return None
+    if node.op == "call_method" and node.target in ("relu", "relu_"):
+        return node.target == "relu_"
+    if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
+        return bool(node.kwargs.get("inplace", False))
+    if node.op == "call_function" and node.target in _INPLACE_RELU_FUNCTIONS:
+        return True
+    return None
 
 
 def _is_relu(node: fx.Node, gm: fx.GraphModule) -> bool:
-    if node.op == "call_module":
-        return type(gm.get_submodule(node.target)) is nn.ReLU
-    return node.op == "call_function" and node.target in _RELU_FUNCTIONS and not node.kwargs
+    return relu_call(node, gm) is not None
 
 
 def _is_flatten(node: fx.Node, gm: fx.GraphModule) -> bool:
@@ -248,7 +272,8 @@ def sum_checks(
         absolute = not relu and not (held in bounds and bool((bounds[held].lower >= 0).all()))
         out[name] = SumCheck(name, source.name, relu, flatten, absolute, weights, d,
                              float(rounded_up(torch.tensor(k1), dtype)),
-                             float(rounded_up(torch.tensor(k0), dtype)))  # fmt: skip
+                             float(rounded_up(torch.tensor(k0), dtype)),
+                             (outputs + 2 * inputs) / (outputs * terms))  # fmt: skip
     return out
 
 
