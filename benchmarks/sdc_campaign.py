@@ -56,6 +56,7 @@ from verify.cli.faults import (
 )
 from verify.io.onnx_loader import load_onnx
 from verify.monitor import Box, monitor
+from verify.monitor.check import shared_trace
 
 MNIST = DATA / "vnncomp2022" / "mnist_fc" / "onnx"
 NOTES = """\
@@ -364,9 +365,12 @@ def interleaved(fns: dict, rounds: int, calls: int) -> dict:
     return out
 
 
-def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls: int) -> dict:
+def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls: int,
+                       compiled: bool = False) -> dict:  # fmt: skip
     """Batch 256 and batch 1 (inputs drawn from `pool` indices): fault-free checks, then the
-    interleaved latencies of plain, clip, detect (ranges) and detect."""
+    interleaved latencies of plain, clip, detect (ranges) and detect; `compiled`: at batch
+    256 also the plain network and the detection path (ranges) through torch.compile, their
+    first calls (compile) timed."""
     gen = torch.Generator().manual_seed(5)
     wrapped = variants(bench)
     out = {}
@@ -375,10 +379,28 @@ def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls:
         x = bench.inputs[pick]
         region = None if bench.region is None else bench.region[pick]
         checks = fault_free(bench, wrapped, x, region)
-        fns = {"plain": lambda x=x: bench.net(x)}
+        traced = shared_trace(bench.net)  # the fx module the wrappers run, without checks
+        fns = {"plain": lambda x=x: bench.net(x), "traced": lambda x=x, t=traced: t(x)}
         for name, module in wrapped.items():
             fns[name] = lambda m=module, x=x, region=region: m(x, region)
-        out[f"b{batch}"] = {"fault_free": checks, "latency": interleaved(fns, rounds, calls)}
+        compile_s = {}
+        if compiled and batch == 256:
+            fast = torch.compile(bench.net)
+            mine = bench.monitor.wrap(bench.net, "detect", checksums=False, compile=True)
+            with torch.no_grad():
+                for name, fn in (("plain_compiled", lambda f=fast, x=x: f(x)),
+                                 ("detect_ranges_compiled",
+                                  lambda m=mine, x=x, r=region: m(x, r))):  # fmt: skip
+                    start = time.perf_counter()
+                    fn()
+                    compile_s[name] = time.perf_counter() - start
+                    fns[name] = fn
+                y, report = mine.run(x, region)
+                checks["detect_ranges_compiled"] = {
+                    "equal": bool(torch.equal(y, bench.net(x))),
+                    "flagged": int(report.flagged.sum())}  # fmt: skip
+        out[f"b{batch}"] = {"fault_free": checks, "latency": interleaved(fns, rounds, calls),
+                            "compile_s": compile_s}  # fmt: skip
         print(production_table({"row": {f"b{batch}": out[f"b{batch}"]}}), flush=True)
     return out
 
@@ -433,10 +455,12 @@ def detection_row(trials: int, extra: int) -> dict:
     return result
 
 
-VARIANT_HEADS = {"clip": "clip", "detect_ranges": "detect (ranges)",
+VARIANT_HEADS = {"traced": "fx trace, no checks", "clip": "clip", "detect_ranges": "detect (ranges)",
                  "detect_ranges_relu": "detect (ranges, through_relu)",
                  "detect": "detect (ranges + checksums)",
-                 "detect_relu": "detect (ranges + checksums, through_relu)"}  # fmt: skip
+                 "detect_relu": "detect (ranges + checksums, through_relu)",
+                 "plain_compiled": "plain, torch.compile",
+                 "detect_ranges_compiled": "detect (ranges), compiled"}  # fmt: skip
 
 
 def production_table(results: dict) -> str:
@@ -504,7 +528,8 @@ def production(args) -> None:
             bench, info = production_bench(row)
             payload["info"][row] = info
             pool = torch.arange(len(bench.inputs))
-            payload["rows"][row] = production_latency(bench, pool, args.rounds, args.calls)
+            payload["rows"][row] = production_latency(bench, pool, args.rounds, args.calls,
+                                                      args.compiled)  # fmt: skip
         else:
             bench, _, held = load(row)
             payload["rows"][row] = production_latency(bench, held, args.rounds, 10 * args.calls)
@@ -581,7 +606,8 @@ def main() -> None:
                         help="re-measure the latencies of the rows of an existing JSON")  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="re-plot an existing JSON")
     parser.add_argument("--compiled", action="store_true",
-                        help="with --latency-only: also the torch.compile experiment (batch 256)")  # fmt: skip
+                        help="with --latency-only or --production: also the torch.compile "
+                        "experiment (batch 256)")  # fmt: skip
     parser.add_argument("--production", action="store_true",
                         help="the production-size table (sdc_production.{json,md})")
     parser.add_argument("--rounds", type=int, default=7, help="--production: timing rounds")

@@ -323,7 +323,7 @@ def test_checksums_chosen_by_cost_or_name():
                              (["classifier_0"], {"classifier_0"})):  # fmt: skip
         wrapped = mon.wrap(net, "detect", checksums=option)
         recorder = wrapped._checker.sums
-        found = {c.node for c in recorder.checks} if recorder is not None else set()
+        found = {c.monitored for c in recorder.checks} if recorder is not None else set()
         assert found == expected, option
     with pytest.raises(MonitorOptionError):
         mon.wrap(net, "detect", checksums="classifier_0")
@@ -351,3 +351,30 @@ def test_detection_of_one_sample_as_in_a_batch(value):
     finally:
         weight.copy_(saved)
     assert bool(batch.flagged.all())
+
+
+def test_checksums_of_convolutions_before_batchnorm():
+    """The convolutions whose BatchNorm the graph folds get the checksum of the convolution
+    itself, flagged at the BatchNorm's node: a small kernel fault that stays inside every
+    range is caught there."""
+    net, shape = model("resnet18_cifar", torch.float32)
+    centre, lower, upper = ball(shape, 0.02, torch.float32)
+    mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
+    check = mon.sums["layer1_0_bn1"]
+    assert check.node == "layer1_0_conv1" and check.monitored == "layer1_0_bn1"
+    assert {"bn1", "layer2_0_downsample_1", "fc"} <= set(mon.sums)
+    x = box_samples(lower, upper, 16, seed=11)[0]
+    ranges_only = mon.wrap(net, "detect", checksums=False)
+    detect = mon.wrap(net, "detect")
+    weight = net.layer1[0].conv1.weight
+    saved = weight.clone()
+    weight[0] += 1e-3
+    try:
+        with torch.no_grad():
+            ranges_only(x)
+            detect(x)
+    finally:
+        weight.copy_(saved)
+    assert not bool(ranges_only.report.flagged.any())
+    assert bool(detect.report.flagged.all())
+    assert set(detect.report.first_node) == {"layer1_0_bn1"}

@@ -274,7 +274,7 @@ class _Checker:
         lo, hi = self._bounds(k)
         if self.safe:
             return _clamp(x, lo, hi)
-        if self.fresh[k] and not self.detect and not self.keep:  # only the check reads x
+        if self.fresh[k] and not (self.detect or self.keep or self.grad):  # only we read x
             return x.clamp_(lo, hi)
         return torch.clamp(x, lo, hi)
 
@@ -294,7 +294,7 @@ class _Checker:
         lo, hi = self.plus_lo[k], self.plus_hi[k]
         if self.safe:
             return _clamp(value, lo, hi)
-        if self.inplace_relus[j] and not self.detect and not self.keep:  # as the network's ReLU
+        if self.inplace_relus[j] and not (self.detect or self.keep or self.grad):  # as its ReLU
             return value.clamp_(lo, hi)
         return torch.clamp(value, lo, hi)
 
@@ -436,7 +436,7 @@ def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tupl
                 for n, relu in zip(names, fused)]  # fmt: skip
     fresh = [_fresh(by_name[n], gm) and not hazard[k] for k, n in enumerate(names)]
     sums = list(sums) if action != "clip" else []
-    recorder = SumRecorder(sums, like, [names.index(c.node) for c in sums]) if sums else None
+    recorder = SumRecorder(sums, like, [names.index(c.monitored) for c in sums]) if sums else None
     relus: list[nn.Module] = []
     checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep, relus, recorder,
                        relu_fed, fresh)  # fmt: skip
@@ -458,7 +458,8 @@ def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tupl
         node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
     for j, check in enumerate(sums):
         node, source = by_name[check.node], by_name[check.source]
-        anchor = next(iter(node.users))  # the node's check: record after it
+        # a monitored node: record after its check; a layer before a BatchNorm: after it
+        anchor = next(iter(node.users)) if check.node in names else node
         with gm.graph.inserting_after(anchor):
             gm.graph.call_function(recorder.record, (node, source, j))
     gm.graph.lint()

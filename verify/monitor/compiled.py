@@ -90,7 +90,7 @@ def check_graph(
                         graph.get_attr(f"_monitor_sum{j}"), float(recorder.low[j]),
                         float(recorder.high[j]), float(recorder.k1[j]), check.relu,
                         check.absolute)  # fmt: skip
-                k = names.index(check.node)
+                k = names.index(check.monitored)
                 flags[k] = graph.call_function(torch.logical_or,
                                                (flags[k], graph.call_function(sum_flags, args)))  # fmt: skip
     with graph.inserting_before(output):
