@@ -300,7 +300,14 @@ class _Checker:
 
     def end(self, output: Tensor) -> MonitorReport:
         """The report of the pass; sets `rerun` when clipping needs a second, clamping pass
-        (per-sample regions with a value outside its range; a NaN past the fast clamps)."""
+        (per-sample regions with a value outside its range; a NaN past the fast clamps).
+        Releases the pass's values (they would hold the activations until the next pass)."""
+        try:
+            return self._end(output)
+        finally:
+            self.raw = self.inside = None
+
+    def _end(self, output: Tensor) -> MonitorReport:
         names, sums = self.names, self.sums
         if self.clip and not self.safe:
             if self.mode == "sample":
