@@ -378,3 +378,30 @@ def test_checksums_of_convolutions_before_batchnorm():
     assert not bool(ranges_only.report.flagged.any())
     assert bool(detect.report.flagged.all())
     assert set(detect.report.first_node) == {"layer1_0_bn1"}
+
+
+class _Aliased(nn.Module):
+    """An in-place ReLU through an alias (`nn.Identity`), and one on a view (refused)."""
+
+    def __init__(self, view: bool) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.alias, self.view = nn.Linear(4, 6), nn.Linear(6, 2), nn.Identity(), view
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if self.view:
+            h[:, :3].relu_()
+        else:
+            self.alias(h).relu_()
+        return self.fc2(h)
+
+
+def test_in_place_through_an_alias_and_on_a_view():
+    torch.manual_seed(0)
+    net = _Aliased(view=False).double()
+    graph = build_graph(net, (4,))
+    x = torch.randn(5, 4, dtype=D)
+    with torch.no_grad():
+        torch.testing.assert_close(graph.forward(x), net(x), rtol=0, atol=1e-14)
+    with pytest.raises(UnsupportedOperationError, match="view"):
+        build_graph(_Aliased(view=True).double(), (4,))

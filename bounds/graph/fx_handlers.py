@@ -396,6 +396,35 @@ def _in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
     return False
 
 
+_VIEW_FUNCTIONS = {operator.getitem, torch.flatten, torch.reshape, torch.squeeze,
+                   torch.unsqueeze, torch.permute, torch.transpose, torch.swapaxes, torch.narrow,
+                   torch.select, torch.broadcast_to}  # fmt: skip
+_VIEW_METHODS = {*_RESHAPE_METHODS, "permute", "transpose", "swapaxes", "expand", "expand_as",
+                 "narrow", "select", "unflatten", "view_as", "t"}  # fmt: skip
+
+
+def _is_view(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether `node` may be a view sharing storage with a differently shaped tensor."""
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), (nn.Flatten, nn.Unflatten))
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS
+
+
+def _overwrite(gm: fx.GraphModule, env: dict, node: fx.Node, source: fx.Node) -> None:
+    """After the in-place op `node` on `source`, every later reader of the tensor sees the
+    result: each fx value that is the same activation (aliases: identities, eval dropout)
+    is rebound to it. An in-place op on a view of another tensor would change that tensor
+    too, in another shape: refused."""
+    old = env[source]
+    if _is_view(gm, source):
+        raise unsupported(_describe(node), node.name, "an in-place operation on a view")
+    for key, value in env.items():
+        if value is old:
+            env[key] = env[node]
+
+
 def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
     """Node specs of `gm` evaluated on `example` (`[batch, *input_shape]`)."""
     b = Builder(example)
@@ -416,7 +445,7 @@ def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
             env[node] = _call(b, gm, node, args, kwargs)
             source = node.args[0] if node.args else None
             if _in_place(gm, node) and isinstance(source, fx.Node) and isinstance(env[node], Act):
-                env[source] = env[node]  # later readers of the input see the updated tensor
+                _overwrite(gm, env, node, source)
     if not isinstance(result, Act):
         raise unsupported("output", "output", "the network must return a single tensor")
     if result.name == INPUT:
