@@ -509,6 +509,11 @@ def production(args) -> None:
     payload = {"threads": 1, "machine": "shared CPU (2 cores, other jobs running)",
                "rounds": args.rounds, "rows": {}, "info": {}}  # fmt: skip
     stem = args.name if args.name != "sdc_campaign" else "sdc_production"
+    if (RESULTS / f"{stem}.json").exists():  # a partial rerun replaces only its rows
+        import json
+
+        previous = json.loads((RESULTS / f"{stem}.json").read_text())
+        payload = {**previous, **{k: v for k, v in payload.items() if k not in ("rows", "info")}}
 
     def save() -> None:
         write_json(f"{stem}.json", payload)

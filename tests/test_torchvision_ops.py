@@ -205,9 +205,10 @@ def _no_false_positives(mon, net: nn.Module, lower, upper) -> None:
     with torch.no_grad():
         plain = net(inside)
         for checksums in (True, False):
-            detect = mon.wrap(net, "detect", checksums=checksums)
-            assert torch.equal(detect(inside), plain)
-            assert not bool(detect.report.flagged.any()), detect.report.first_node
+            for through in (False, True):
+                detect = mon.wrap(net, "detect", checksums=checksums, through_relu=through)
+                assert torch.equal(detect(inside), plain)
+                assert not bool(detect.report.flagged.any()), detect.report.first_node
         clip = mon.wrap(net, "clip")
         assert torch.equal(clip(inside), plain)
 
@@ -405,3 +406,25 @@ def test_in_place_through_an_alias_and_on_a_view():
         torch.testing.assert_close(graph.forward(x), net(x), rtol=0, atol=1e-14)
     with pytest.raises(UnsupportedOperationError, match="view"):
         build_graph(_Aliased(view=True).double(), (4,))
+
+
+@pytest.mark.slow
+def test_compiled_detection_with_in_place_relus():
+    """The compiled detection path reads each layer before the in-place ReLU after it: no
+    false positives (ranges and checksums), the flags of the eager wrapper under a fault."""
+    net, shape = model("resnet18_cifar", torch.float32)
+    centre, lower, upper = ball(shape, 0.02, torch.float32)
+    mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
+    x = box_samples(lower, upper, 16, seed=12)[0]
+    eager, fast = mon.wrap(net, "detect"), mon.wrap(net, "detect", compile=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), net(x))  # Inductor rounds differently
+        assert not bool(fast.report.flagged.any())
+        weight, saved = _planted(net, 3e3)
+        try:
+            fast(x)
+            eager(x)
+        finally:
+            weight.copy_(saved)
+    assert fast.compiled_calls == 2
+    assert torch.equal(fast.report.node_flags, eager.report.node_flags)

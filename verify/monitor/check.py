@@ -465,9 +465,9 @@ def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tupl
         node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
     for j, check in enumerate(sums):
         node, source = by_name[check.node], by_name[check.source]
-        # a monitored node: record after its check; a layer before a BatchNorm: after it
-        anchor = next(iter(node.users)) if check.node in names else node
-        with gm.graph.inserting_after(anchor):
+        # right after the layer, before anything (an in-place ReLU fused into its check) may
+        # overwrite its output
+        with gm.graph.inserting_after(node):
             gm.graph.call_function(recorder.record, (node, source, j))
     gm.graph.lint()
     gm.recompile()
