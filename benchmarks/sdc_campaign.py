@@ -366,13 +366,13 @@ def interleaved(fns: dict, rounds: int, calls: int) -> dict:
 
 
 def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls: int,
-                       compiled: bool = False) -> dict:  # fmt: skip
+                       compiled: bool = False, only: set[str] | None = None) -> dict:  # fmt: skip
     """Batch 256 and batch 1 (inputs drawn from `pool` indices): fault-free checks, then the
     interleaved latencies of plain, clip, detect (ranges) and detect; `compiled`: at batch
     256 also the plain network and the detection path (ranges) through torch.compile, their
-    first calls (compile) timed."""
+    first calls (compile) timed; `only`: the variants to time (besides plain), else all."""
     gen = torch.Generator().manual_seed(5)
-    wrapped = variants(bench)
+    wrapped = {k: v for k, v in variants(bench).items() if only is None or k in only}
     out = {}
     for batch, calls in ((256, big_calls), (1, 200)):
         pick = pool[torch.randint(len(pool), (batch,), generator=gen)]
@@ -381,6 +381,8 @@ def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls:
         checks = fault_free(bench, wrapped, x, region)
         traced = shared_trace(bench.net)  # the fx module the wrappers run, without checks
         fns = {"plain": lambda x=x: bench.net(x), "traced": lambda x=x, t=traced: t(x)}
+        if only is not None and "traced" not in only:
+            del fns["traced"]
         for name, module in wrapped.items():
             fns[name] = lambda m=module, x=x, region=region: m(x, region)
         compile_s = {}
@@ -533,8 +535,9 @@ def production(args) -> None:
             bench, info = production_bench(row)
             payload["info"][row] = info
             pool = torch.arange(len(bench.inputs))
+            only = set(args.only.split(",")) if args.only else None
             payload["rows"][row] = production_latency(bench, pool, args.rounds, args.calls,
-                                                      args.compiled)  # fmt: skip
+                                                      args.compiled, only)  # fmt: skip
         else:
             bench, _, held = load(row)
             payload["rows"][row] = production_latency(bench, held, args.rounds, 10 * args.calls)
@@ -616,6 +619,8 @@ def main() -> None:
     parser.add_argument("--production", action="store_true",
                         help="the production-size table (sdc_production.{json,md})")
     parser.add_argument("--rounds", type=int, default=7, help="--production: timing rounds")
+    parser.add_argument("--only", default="", help="--production: the variants to time "
+                        "(comma-separated; default all)")  # fmt: skip
     parser.add_argument("--calls", type=int, default=3,
                         help="--production: calls per round at batch 256 (x10 for the small rows)")
     args = parser.parse_args()
