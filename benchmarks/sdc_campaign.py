@@ -14,6 +14,17 @@ Run: python benchmarks/sdc_campaign.py [--trials 10000] [--extra 2000] [--rows m
 benchmarks/results/STEM.{json,md,png}, default sdc_campaign). `--latency-only` re-measures
 the latencies of the rows of an existing STEM.json in place; `--compiled` adds the
 torch.compile experiment (`compiled_latency`).
+
+Production sizes (`--production`, writes benchmarks/results/sdc_production.{json,md}): a CIFAR
+ResNet-18 (11M parameters) and a CIFAR-sized VGG-11 (9M) written as torchvision writes them
+(`tests/torchvision_zoo.py`: in-place ReLUs, BatchNorm, 1x1 downsample, adaptive pooling),
+random weights, IBP ranges over an L-inf ball of 2/255 around a random centre; latency of clip,
+detect (ranges) and detect (ranges and checksums) against the plain module at batch 256 and 1,
+the variants interleaved call by call in rounds (median over rounds of each round's median);
+with the mnist/digits rows re-measured the same way; and a fault campaign on a small CNN
+(`digits_cnn`: a torchvision-style ResNet-18 of width 4, trained here on sklearn digits
+upsampled to 3x16x16) for detection rates and false positives. Run it pinned to one core:
+`taskset -c 1 python benchmarks/sdc_campaign.py --production`.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from verify.cli.faults import (
 )
 from verify.io.onnx_loader import load_onnx
 from verify.monitor import Box, monitor
+from verify.monitor.check import shared_trace
 
 MNIST = DATA / "vnncomp2022" / "mnist_fc" / "onnx"
 NOTES = """\
@@ -75,6 +87,34 @@ process; it depends on Inductor's on-disk cache (cold: `TORCHINDUCTOR_CACHE_DIR=
 on mnist256x2 in a fresh cache 14.9 s for the first check graph, 2.1 s for the next, 1.2 s for
 the plain net; warm: 3.1 / 0.13 / 0.09 s).
 """
+PRODUCTION_NOTES = """\
+Latency: CPU time of this thread per call (`time.thread_time`), 1 thread (`torch.set_num_threads(1)`,
+`taskset -c 1`), on a 2-core machine shared with other engineers' jobs, so timings are noisy:
+the variants (plain, clip, detect ranges, detect ranges + checksums) run interleaved call by
+call in rounds (the order rotating), the figure is the median over rounds of each round's
+median, and the overhead the median over rounds of the per-round ratio to plain (in brackets:
+the smallest and largest per-round ratio). Fault-free check per model: the wrapped outputs
+equal the plain ones to the bit and no in-domain sample is flagged.
+Models (random weights, BatchNorm statistics randomised; `tests/torchvision_zoo.py`):
+resnet18_cifar = torchvision's ResNet-18 with the CIFAR stem (3x3 stride-1 convolution, no max
+pooling), 11.2M parameters; vgg11_cifar = torchvision's VGG-11 with adaptive pooling to 1x1 and
+512-wide hidden layers, 9.2M parameters. Ranges: IBP over the L-inf ball of radius 2/255 around
+a random centre in [0, 1] (CROWN is out of reach at this size on one core); inputs: uniform in
+the ball. The mnist/digits rows are the campaign's rows above (their own domains and inputs).
+Columns: "fx trace, no checks" = the torch.fx module the wrappers run, without checks (the
+in-place `out += identity` of torchvision's blocks becomes an out-of-place add there); clip =
+`wrap(net, "clip")`; detect (ranges) = `wrap(net, "detect", checksums=False)`; + checksums =
+the default `wrap(net, "detect")`; through_relu = `wrap(..., through_relu=True)` (a node read
+only by a ReLU checked as the ReLU sees it: no lower-end check where `lo <= 0`, one reduction,
+no copy before an in-place ReLU). Fault-free: all variants' outputs equal the plain ones to the
+bit / flagged samples summed over the detect variants.
+digits_cnn: a torchvision-style ResNet-18 of width 4 (in-place ReLUs, BatchNorm, downsample
+convolutions) trained here on sklearn digits upsampled to 3x16x16; monitor: CROWN over the
+[0, 1] pixel box; "ours" = `wrap(net, "detect")` (ranges and checksums, the checksums of the
+convolutions before each BatchNorm included), the campaigns and baselines of the table above
+(SDC = top-1 changed; faults injected with `verify.monitor.faults`).
+"""
+PRODUCTION = ("resnet18_cifar", "vgg11_cifar")
 ROWS = ("mnist256x2_box", "mnist256x2_ball", "mnist256x6_box", "mnist256x6_ball",
         "cifar_base_ball", "digits_box")  # fmt: skip
 
@@ -250,6 +290,284 @@ def compiled_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- production sizes ------------------------------------------------------------------------
+
+
+def production_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    """A random-weight CIFAR model of production size (module docstring), eval mode, float32."""
+    from tests.torchvision_zoo import randomise_batchnorm, resnet18, vgg11
+
+    torch.manual_seed(0)
+    if name == "resnet18_cifar":
+        net = resnet18(width=64, cifar_stem=True)
+    elif name == "vgg11_cifar":
+        net = vgg11(width=64, pool=(1, 1), hidden=512)
+    else:
+        raise ValueError(f"unknown production model {name!r}; known: {', '.join(PRODUCTION)}")
+    net = randomise_batchnorm(net).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net, (3, 32, 32)
+
+
+def production_bench(name: str, eps: float = 2 / 255, count: int = 256) -> tuple[Bench, dict]:
+    """The model, its IBP monitor over one eps ball, and `count` inputs uniform in the ball."""
+    from verify.monitor import Ball
+
+    net, shape = production_model(name)
+    gen = torch.Generator().manual_seed(1)
+    centre = torch.rand(*shape, generator=gen) * (1 - 2 * eps) + eps
+    start = time.perf_counter()
+    mon = monitor(net, Ball(centre, eps, within=(0.0, 1.0)), method="ibp", input_shape=shape)
+    build = time.perf_counter() - start
+    inputs = centre + eps * (2 * torch.rand(count, *shape, generator=gen) - 1)
+    inputs = torch.minimum(torch.maximum(inputs, centre - eps), centre + eps).clamp(0, 1)
+    info = {"build_s": build, "parameters": sum(p.numel() for p in net.parameters()),
+            "nodes": len(mon.affine), "checksums": sorted(mon.sums)}  # fmt: skip
+    return Bench(net, mon, inputs, torch.zeros(count, dtype=torch.long)), info
+
+
+def variants(bench: Bench) -> dict[str, nn.Module]:
+    """The wrapped modules whose latency the production table gives."""
+    mon, net = bench.monitor, bench.net
+    return {"clip": mon.wrap(net, "clip"),
+            "detect_ranges": mon.wrap(net, "detect", checksums=False),
+            "detect_ranges_relu": mon.wrap(net, "detect", checksums=False, through_relu=True),
+            "detect": mon.wrap(net, "detect"),
+            "detect_relu": mon.wrap(net, "detect", through_relu=True)}  # fmt: skip
+
+
+def fault_free(bench: Bench, wrapped: dict[str, nn.Module], x: torch.Tensor, region) -> dict:
+    """Per variant: the output equals the plain one to the bit, and samples flagged."""
+    out = {}
+    with torch.no_grad():
+        plain = bench.net(x)
+        for name, module in wrapped.items():
+            y, report = module.run(x, region)
+            out[name] = {"equal": bool(torch.equal(y, plain)),
+                         "flagged": int(report.flagged.sum()) if name != "clip" else 0}  # fmt: skip
+    return out
+
+
+def interleaved(fns: dict, rounds: int, calls: int) -> dict:
+    """Seconds per call of each function (thread CPU time), interleaved call by call in
+    `rounds` rounds of `calls` calls, the order rotating; per function the median over rounds
+    of each round's median, and its per-round ratio to "plain" (median, min, max)."""
+    names = list(fns)
+    per = {n: [] for n in names}
+    with torch.no_grad():
+        for fn in fns.values():  # warm up (allocator, first-call caches)
+            fn()
+        for r in range(rounds):
+            times = {n: [] for n in names}
+            for i in range(calls):
+                shift = (r * calls + i) % len(names)
+                for n in names[shift:] + names[:shift]:
+                    start = time.thread_time()
+                    fns[n]()
+                    times[n].append(time.thread_time() - start)
+            for n in names:
+                per[n].append(statistics.median(times[n]))
+    out = {}
+    for n in names:
+        ratios = [a / b for a, b in zip(per[n], per["plain"])]
+        out[n] = {"s": statistics.median(per[n]), "ratio": statistics.median(ratios),
+                  "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": rounds,
+                  "calls": calls}  # fmt: skip
+    return out
+
+
+def production_latency(bench: Bench, pool: torch.Tensor, rounds: int, big_calls: int,
+                       compiled: bool = False, only: set[str] | None = None) -> dict:  # fmt: skip
+    """Batch 256 and batch 1 (inputs drawn from `pool` indices): fault-free checks, then the
+    interleaved latencies of plain, clip, detect (ranges) and detect; `compiled`: at batch
+    256 also the plain network and the detection path (ranges) through torch.compile, their
+    first calls (compile) timed; `only`: the variants to time (besides plain), else all."""
+    gen = torch.Generator().manual_seed(5)
+    wrapped = {k: v for k, v in variants(bench).items() if only is None or k in only}
+    out = {}
+    for batch, calls in ((256, big_calls), (1, 200)):
+        pick = pool[torch.randint(len(pool), (batch,), generator=gen)]
+        x = bench.inputs[pick]
+        region = None if bench.region is None else bench.region[pick]
+        checks = fault_free(bench, wrapped, x, region)
+        traced = shared_trace(bench.net)  # the fx module the wrappers run, without checks
+        fns = {"plain": lambda x=x: bench.net(x), "traced": lambda x=x, t=traced: t(x)}
+        if only is not None and "traced" not in only:
+            del fns["traced"]
+        for name, module in wrapped.items():
+            fns[name] = lambda m=module, x=x, region=region: m(x, region)
+        compile_s = {}
+        if compiled and batch == 256:
+            fast = torch.compile(bench.net)
+            mine = bench.monitor.wrap(bench.net, "detect", checksums=False, compile=True)
+            with torch.no_grad():
+                for name, fn in (("plain_compiled", lambda f=fast, x=x: f(x)),
+                                 ("detect_ranges_compiled",
+                                  lambda m=mine, x=x, r=region: m(x, r))):  # fmt: skip
+                    start = time.perf_counter()
+                    fn()
+                    compile_s[name] = time.perf_counter() - start
+                    fns[name] = fn
+                y, report = mine.run(x, region)
+                checks["detect_ranges_compiled"] = {
+                    "equal": bool(torch.equal(y, bench.net(x))),
+                    "flagged": int(report.flagged.sum())}  # fmt: skip
+        out[f"b{batch}"] = {"fault_free": checks, "latency": interleaved(fns, rounds, calls),
+                            "compile_s": compile_s}  # fmt: skip
+        print(production_table({"row": {f"b{batch}": out[f"b{batch}"]}}), flush=True)
+    return out
+
+
+def digits_cnn() -> tuple:
+    """A torchvision-style ResNet-18 of width 4 (CIFAR stem) trained here on sklearn's digits,
+    upsampled to 16x16 and repeated over 3 channels (pixels / 16 in [0, 1]); its monitor over
+    the [0, 1] box (CROWN)."""
+    from sklearn.datasets import load_digits
+
+    from tests.torchvision_zoo import resnet18
+
+    data = load_digits()
+    x = torch.tensor(data.data / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
+    x = nn.functional.interpolate(x, size=(16, 16), mode="nearest").expand(-1, 3, -1, -1)
+    x = x.contiguous()
+    y = torch.tensor(data.target, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[perm], y[perm]
+    torch.manual_seed(0)
+    net = resnet18(width=4, cifar_stem=True)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    train = torch.arange(1200)
+    net.train()
+    for _ in range(15):
+        for batch in train[torch.randperm(1200)].split(64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
+            opt.step()
+    net.eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    mon = monitor(net, Box(torch.zeros(3, 16, 16), torch.ones(3, 16, 16)), input_shape=(3, 16, 16))
+    return Bench(net, mon, x, y), train, torch.arange(1200, len(x))
+
+
+def detection_row(trials: int, extra: int) -> dict:
+    """The fault campaign of `digits_cnn` (the campaigns of the other rows)."""
+    start = time.perf_counter()
+    bench, prof, held = digits_cnn()
+    build = time.perf_counter() - start
+    with torch.no_grad():
+        accuracy = float((bench.net(bench.inputs[held]).argmax(1) == bench.labels[held]).float().mean())
+    profiled = profile_ranges(bench, bench.inputs[prof])
+    result = {"build_s": build, "clean_accuracy": accuracy, "nodes": bench.monitor.affine,
+              "checksums": sorted(bench.monitor.sums),
+              "false_positives": false_positives(bench, profiled, bench.inputs[held], None),
+              "campaigns": {}}  # fmt: skip
+    for label, campaign in campaigns(trials, extra):
+        rows = run_campaign(bench, held, profiled, campaign, Progress(f"digits_cnn {label:>24}"))
+        result["campaigns"][label] = summarise(rows)
+    return result
+
+
+VARIANT_HEADS = {"traced": "fx trace, no checks", "clip": "clip", "detect_ranges": "detect (ranges)",
+                 "detect_ranges_relu": "detect (ranges, through_relu)",
+                 "detect": "detect (ranges + checksums)",
+                 "detect_relu": "detect (ranges + checksums, through_relu)",
+                 "plain_compiled": "plain, torch.compile",
+                 "detect_ranges_compiled": "detect (ranges), compiled"}  # fmt: skip
+
+
+def production_table(results: dict) -> str:
+    names = [n for n in VARIANT_HEADS if any(n in e["latency"] for r in results.values()
+                                             for k, e in r.items() if k.startswith("b"))]  # fmt: skip
+    lines = [f"| row | batch | plain ms | {' | '.join(VARIANT_HEADS[n] for n in names)} "
+             "| fault-free: equal / flagged |", "|---" * (len(names) + 4) + "|"]  # fmt: skip
+    notes: list[str] = []
+    for row, res in results.items():
+        for key, entry in res.items():
+            if not key.startswith("b"):
+                continue
+            lat = entry["latency"]
+            cells = []
+            for name in names:
+                if name not in lat:
+                    cells.append("")
+                    continue
+                v = lat[name]
+                cells.append(f"{100 * (v['ratio'] - 1):+.2f}% ({100 * (v['ratio_min'] - 1):+.1f}"
+                             f"..{100 * (v['ratio_max'] - 1):+.1f})")  # fmt: skip
+            ff = entry["fault_free"]
+            equal = all(v["equal"] for v in ff.values())
+            flagged = sum(v["flagged"] for v in ff.values())  # over the detect variants
+            lines.append(f"| {row} | {key[1:]} | {lat['plain']['s'] * 1e3:.3f} | "
+                         f"{' | '.join(cells)} | {equal} / {flagged} |")  # fmt: skip
+            for name, seconds in entry.get("compile_s", {}).items():
+                notes.append(f"{row} batch {key[1:]}: first call (compile) of {name} "
+                             f"{seconds:.1f} s")  # fmt: skip
+    return "\n".join(lines + (["", *notes] if notes else [])) + "\n"
+
+
+def detection_table(res: dict) -> str:
+    fp = res["false_positives"]["rate"]
+    rates = " / ".join(f"{fp[k]:.3f}" for k in ("ours", "profiled", "fixed6", "fixed100"))
+    lines = [f"digits_cnn: clean accuracy {res['clean_accuracy']:.3f} on the held-out digits; "
+             f"false positives ours / profiled / fix6 / fix100 {rates} of "
+             f"{res['false_positives']['count']}; "
+             f"{len(res['nodes'])} monitored nodes, checksums on {', '.join(res['checksums'])}",
+             "", "| faults | trials | SDC rate | detected SDC ours / profiled / fix6 / fix100 |",
+             "|---|---|---|---|"]  # fmt: skip
+    for label, s in res["campaigns"].items():
+        m = s["methods"]
+        det = " / ".join(f"{m[k]['detected_sdc']:.3f}" for k in m)
+        lines.append(f"| {label} | {s['trials']} | {s['sdc_rate']:.4f} | {det} |")
+    return "\n".join(lines) + "\n"
+
+
+def production(args) -> None:
+    """`--production`: the latency table of the production-size models and the mnist/digits
+    rows, and the detection campaign of `digits_cnn` (module docstring)."""
+    payload = {"threads": 1, "machine": "shared CPU (2 cores, other jobs running)",
+               "rounds": args.rounds, "rows": {}, "info": {}}  # fmt: skip
+    stem = args.name if args.name != "sdc_campaign" else "sdc_production"
+    if (RESULTS / f"{stem}.json").exists():  # a partial rerun replaces only its rows
+        import json
+
+        previous = json.loads((RESULTS / f"{stem}.json").read_text())
+        fresh = {} if args.plot_only else {k: v for k, v in payload.items()
+                                           if k not in ("rows", "info")}  # fmt: skip
+        payload = {**previous, **fresh}
+
+    def save() -> None:
+        write_json(f"{stem}.json", payload)
+        text = production_table(payload["rows"])
+        if "digits_cnn" in payload:
+            text += "\n" + detection_table(payload["digits_cnn"])
+        (RESULTS / f"{stem}.md").write_text(f"# SDC monitors at production size\n\n"
+                                            f"{PRODUCTION_NOTES}\n{text}")  # fmt: skip
+
+    if args.plot_only:  # the markdown of the JSON as it is
+        return save()
+
+    rows = args.rows.split(",") if args.rows != ",".join(ROWS) else [*PRODUCTION, *ROWS,
+                                                                      "digits_cnn"]  # fmt: skip
+    for row in rows:
+        if row == "digits_cnn":
+            payload["digits_cnn"] = detection_row(args.trials, args.extra)
+            print(detection_table(payload["digits_cnn"]), flush=True)
+        elif row in PRODUCTION:
+            bench, info = production_bench(row)
+            payload["info"][row] = info
+            pool = torch.arange(len(bench.inputs))
+            only = set(args.only.split(",")) if args.only else None
+            payload["rows"][row] = production_latency(bench, pool, args.rounds, args.calls,
+                                                      args.compiled, only)  # fmt: skip
+        else:
+            bench, _, held = load(row)
+            payload["rows"][row] = production_latency(bench, held, args.rounds, 10 * args.calls)
+        save()
+    print(production_table(payload["rows"]))
+
+
 def campaigns(trials: int, extra: int) -> list[tuple[str, Campaign]]:
     out = []
     for target in ("weight", "activation"):
@@ -319,9 +637,19 @@ def main() -> None:
                         help="re-measure the latencies of the rows of an existing JSON")  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="re-plot an existing JSON")
     parser.add_argument("--compiled", action="store_true",
-                        help="with --latency-only: also the torch.compile experiment (batch 256)")  # fmt: skip
+                        help="with --latency-only or --production: also the torch.compile "
+                        "experiment (batch 256)")  # fmt: skip
+    parser.add_argument("--production", action="store_true",
+                        help="the production-size table (sdc_production.{json,md})")
+    parser.add_argument("--rounds", type=int, default=7, help="--production: timing rounds")
+    parser.add_argument("--only", default="", help="--production: the variants to time "
+                        "(comma-separated; default all)")  # fmt: skip
+    parser.add_argument("--calls", type=int, default=3,
+                        help="--production: calls per round at batch 256 (x10 for the small rows)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.production:
+        return production(args)
     if args.latency_only:
         return remeasure(args)
     if args.plot_only:

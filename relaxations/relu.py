@@ -35,7 +35,8 @@ def upper_line(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
     return slope, intercept
 
 
-@register("relu", torch=(nn.ReLU, torch.relu, F.relu, "relu"), onnx=("Relu",))
+@register("relu", torch=(nn.ReLU, torch.relu, F.relu, "relu", torch.relu_, F.relu_, "relu_"),
+          onnx=("Relu",))  # fmt: skip
 class ReluRelaxation(Relaxation):
     """The Planet relaxation of ReLU; see the module docstring."""
 

@@ -36,6 +36,7 @@ from bounds.graph.fx_common import (
     unsupported,
 )
 from bounds.ops import (
+    AdaptiveAvgPoolOp,
     ConvOp,
     LinearOp,
     ReshapeOp,
@@ -166,6 +167,26 @@ def _avg_pool(
     return affine_const(b, node + "_border", pooled, 1.0 / share, None)
 
 
+def _adaptive_avg_pool(b: Builder, node: str, x: Act, output_size: Any) -> Act:
+    """Adaptive average pooling to any output size (`None`: the input's size on that axis):
+    where the output size divides the input's on both axes, the strided average pooling
+    (a depthwise convolution); otherwise `AdaptiveAvgPoolOp` (overlapping or repeated
+    windows, `bounds.ops.adaptive_pool`)."""
+    if len(x.shape) != 3:
+        raise unsupported("adaptive_avg_pool2d", node, f"input of shape {x.shape} (need [C, H, W])")
+    sizes = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    if len(sizes) != 2:
+        raise unsupported("adaptive_avg_pool2d", node, f"output_size={output_size!r}")
+    height, width = x.shape[1:]
+    oh, ow = (n if s is None else int(s) for s, n in zip(sizes, (height, width)))
+    if min(oh, ow) < 1:
+        raise InvalidNetworkError(f"node {node!r}: adaptive pooling to size {(oh, ow)}")
+    if height % oh == 0 and width % ow == 0:
+        kernel = (height // oh, width // ow)
+        return b.add(node, avg_pool_as_conv(x.shape, kernel, kernel, (0, 0), b.dtype), [x])
+    return b.add(node, AdaptiveAvgPoolOp(x.shape, (oh, ow), b.dtype), [x])
+
+
 def _batch_norm(b: Builder, node: str, x: Act, bn: nn.modules.batchnorm._BatchNorm) -> Act:
     if bn.training:
         raise InvalidNetworkError(f"BatchNorm {node!r} is in training mode: call net.eval() first")
@@ -211,6 +232,8 @@ def _call_module(b: Builder, node: str, mod: nn.Module, args: list, kwargs: dict
     if isinstance(mod, nn.AvgPool2d):
         return _avg_pool(b, node, x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                          mod.count_include_pad, mod.divisor_override)  # fmt: skip
+    if isinstance(mod, nn.AdaptiveAvgPool2d):
+        return _adaptive_avg_pool(b, node, x, mod.output_size)
     if isinstance(mod, (nn.Flatten, nn.Unflatten)):
         return reshape_result(b, node, x, mod(x.value))
     if isinstance(mod, nn.Identity):
@@ -245,6 +268,7 @@ _FUNCTIONS: dict[Any, Callable[..., Act]] = {
     operator.matmul: _matmul,
     F.conv2d: _conv,
     F.avg_pool2d: _avg_pool,
+    F.adaptive_avg_pool2d: _adaptive_avg_pool,
     F.max_pool2d: products.max_pool2d,
     torch.maximum: products.binary("maximum"),
     F.softmax: products.softmax,
@@ -360,6 +384,51 @@ def _prune(specs: list[NodeSpec], output: str) -> list[NodeSpec]:
     return [*kept, by_name[output]]
 
 
+_IN_PLACE_FUNCTIONS = {torch.relu_, F.relu_}
+
+
+def _in_place(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether `node` overwrites its first argument: a module with `inplace=True`
+    (`nn.ReLU(inplace=True)`), a call with `inplace=True` (`F.relu(x, inplace=True)`), a
+    tensor method ending in `_` (`x.relu_()`) or `torch.relu_`."""
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.endswith("__")
+    if node.op == "call_function":
+        return node.target in _IN_PLACE_FUNCTIONS or bool(node.kwargs.get("inplace"))
+    return False
+
+
+_VIEW_FUNCTIONS = {operator.getitem, torch.flatten, torch.reshape, torch.squeeze,
+                   torch.unsqueeze, torch.permute, torch.transpose, torch.swapaxes, torch.narrow,
+                   torch.select, torch.broadcast_to}  # fmt: skip
+_VIEW_METHODS = {*_RESHAPE_METHODS, "permute", "transpose", "swapaxes", "expand", "expand_as",
+                 "narrow", "select", "unflatten", "view_as", "t"}  # fmt: skip
+
+
+def _is_view(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether `node` may be a view sharing storage with a differently shaped tensor."""
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), (nn.Flatten, nn.Unflatten))
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS
+
+
+def _overwrite(gm: fx.GraphModule, env: dict, node: fx.Node, source: fx.Node) -> None:
+    """After the in-place op `node` on `source`, every later reader of the tensor sees the
+    result: each fx value that is the same activation (aliases: identities, eval dropout)
+    is rebound to it. An in-place op on a view of another tensor would change that tensor
+    too, in another shape: refused."""
+    old = env[source]
+    if _is_view(gm, source):
+        raise unsupported(_describe(node), node.name, "an in-place operation on a view")
+    for key, value in env.items():
+        if value is old:
+            env[key] = env[node]
+
+
 def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
     """Node specs of `gm` evaluated on `example` (`[batch, *input_shape]`)."""
     b = Builder(example)
@@ -378,6 +447,9 @@ def interpret(gm: fx.GraphModule, example: Tensor) -> list[NodeSpec]:
             args = list(fx.node.map_arg(node.args, env.__getitem__))
             kwargs = dict(fx.node.map_arg(node.kwargs, env.__getitem__))
             env[node] = _call(b, gm, node, args, kwargs)
+            source = node.args[0] if node.args else None
+            if _in_place(gm, node) and isinstance(source, fx.Node) and isinstance(env[node], Act):
+                _overwrite(gm, env, node, source)
     if not isinstance(result, Act):
         raise unsupported("output", "output", "the network must return a single tensor")
     if result.name == INPUT:

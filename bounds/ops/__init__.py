@@ -1,6 +1,7 @@
 """Layer operators, one file per family."""
 
 from bounds.ops.activation import ActivationOp, MultiActivationOp
+from bounds.ops.adaptive_pool import AdaptiveAvgPoolOp
 from bounds.ops.add import SumOp
 from bounds.ops.base import BoundOp, UnaryAffineOp
 from bounds.ops.concat import ConcatOp
@@ -17,6 +18,7 @@ from bounds.ops.reshape import ReshapeOp
 
 __all__ = [
     "ActivationOp",
+    "AdaptiveAvgPoolOp",
     "BoundOp",
     "ConcatOp",
     "ConvOp",

@@ -1,5 +1,5 @@
 """ONNX node -> torch.fx node translation (used by `verify.io.onnx_loader`): the affine layers
-(Gemm, MatMul, Conv, BatchNormalization, AveragePool), reshapes and elementwise
+(Gemm, MatMul, Conv, BatchNormalization, AveragePool, GlobalAveragePool), reshapes and elementwise
 arithmetic; the shape and other linear ops are in `verify.io.onnx_shapes`.
 
 Every activation carries a batch-1 example tensor so that shapes are known while the graph is
@@ -303,6 +303,17 @@ def _average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) ->
     return b.module(hint(node), pool, x)
 
 
+def _global_average_pool(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
+    """GlobalAveragePool: the mean over every spatial axis (2 onwards), kept as size-1 axes
+    (torch.mean with keepdim; `torch.onnx.export` writes `nn.AdaptiveAvgPool2d(1)` so)."""
+    x = activation(node, inputs)
+    if len(x.shape) < 3:
+        raise unsupported(node, f"input of shape {list(x.shape)}: it needs spatial axes")
+    x = b.batched(x, node)
+    axes = tuple(range(2, len(x.shape)))
+    return b.function(torch.mean, x, axes, True, batched=True, hint=hint(node))
+
+
 def _flatten(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Value]) -> Traced:
     """Flatten(axis): the reshape to `(prod(shape[:axis]), prod(shape[axis:]))`; nn.Flatten(1)
     when that keeps a batched input's batch axis."""
@@ -449,6 +460,7 @@ HANDLERS: dict[str, Callable[[GraphBuilder, onnx.NodeProto, list[Value]], Any]] 
     "Conv": _conv,
     "BatchNormalization": _batch_norm,
     "AveragePool": _average_pool,
+    "GlobalAveragePool": _global_average_pool,
     "Flatten": _flatten,
     "Identity": _identity,
     "Dropout": _identity,

@@ -38,13 +38,27 @@ in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = cl
 hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
 output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 
+Cost. Each check is at least one pass over its node's values, a cost of its own on a CPU
+where the activations do not fit in cache, so the wrapper skips what it can: an in-place ReLU
+(`nn.ReLU(inplace=True)`, `x.relu_()`) after a node is fused as any ReLU, and clipping then
+clamps in place as the network would overwrite in place, as it does for a fresh tensor (a
+layer's or an add's output) that only its check reads; a ReLU output is checked from above
+only where its lower end is at most 0; batch 1 copies the values once (they are the extremes).
+`wrap(..., through_relu=True)` checks a node read only by a ReLU as the ReLU sees it (one
+reduction instead of two, no copy before an in-place ReLU; a value pushed below a lower end
+`lo <= 0` is then not flagged, as the ReLU makes it the output of `lo`). Measured on a CIFAR
+ResNet-18 and VGG-11 (`benchmarks/sdc_campaign.py --production`, results/sdc_production.md).
+
 Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
 checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
 convolution of an all-ones output; `b` repeated over the output) with a rigorous tolerance from
 the sample's own `|x|` (`verify.monitor.sums`): proven for every input (no false positives by
 construction), it catches corrupted weights and outputs of the layer and -- recomputing the
 ReLU of the previous pre-activation -- corrupted activations between layers that stay inside
-every range. `wrap(..., checksums=False)` leaves them out (the range checks alone).
+every range. `wrap(..., checksums=False)` leaves them out (the range checks alone); a number
+keeps those whose work relative to their layer's (`SumCheck.cost`) is at most it, a list of
+node names those nodes'. A layer followed by a BatchNorm (folded into it in the bound graph)
+gets the checksum of the layer as its module computes it, flagged at the BatchNorm's node.
 
 Shapes of a domain. `verify.bounds` takes its boxes with a batch axis (`lower` of shape
 `[batch, *input_shape]`, e.g. `[1, 64]`); a monitor's domain is one sample's box (`[*input_shape]`,
@@ -314,8 +328,9 @@ class Monitor:
         nodes: str | Sequence[str] = "affine",
         ranges: dict[str, tuple[Any, Any]] | None = None,
         keep_values: bool = False,
-        checksums: bool = True,
+        checksums: bool | float | Sequence[str] = True,
         compile: bool = False,
+        through_relu: bool = False,
     ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -329,10 +344,16 @@ class Monitor:
                 broadcastable to `[*node_shape]`).
             keep_values: the report keeps the raw value of every checked node.
             checksums: detection also checks the checksum invariant of every checked linear
-                layer (`verify.monitor.sums`; a failure flags the layer's node).
+                layer (`verify.monitor.sums`; a failure flags the layer's node); a number `c`:
+                only the checksums whose cost relative to their layer (`SumCheck.cost`) is at
+                most `c`; a list of node names: the checksums of those nodes.
             compile: detection through `torch.compile` (`verify.monitor.compiled`; "detect"
                 only, no kept values; the eager wrapper serves the calls the compiled graph
                 would not see alike).
+            through_relu: a node read only by a ReLU is checked as the ReLU sees it (a value
+                below a lower end `lo <= 0` is not flagged: the ReLU maps it to the output of
+                the in-range `lo`), one reduction instead of two and no copy before an
+                in-place ReLU (`verify.monitor.check._Checker`).
 
         Returns:
             A module taking `[batch, *input_shape]` like `net`; its `.report` after each call
@@ -356,8 +377,10 @@ class Monitor:
             chosen = [_given_range(ranges, n, self.graph[n].shape, like) for n in names]
         gm = shared_trace(net)
         shapes = [self.graph[n].shape for n in names]
-        sums = [self.sums[n] for n in names if n in self.sums] if checksums else []
-        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums)
+        _check_checksum_names(checksums, self.sums)
+        sums = [self.sums[n] for n in names if n in self.sums and _chosen(self.sums[n], checksums)]
+        checker = make_checker(gm, names, shapes, chosen, action, like, keep_values, sums,
+                               through_relu)  # fmt: skip
         eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
         if not compile:
             return eager
@@ -392,6 +415,29 @@ class Monitor:
             cache[key] = self.wrap(net, "detect", nodes=nodes)
         with torch.no_grad():
             return cache[key].run(x, region)[1]
+
+
+def _chosen(check: SumCheck, checksums: bool | float | Sequence[str]) -> bool:
+    """Whether `wrap(..., checksums=...)` keeps `check`: all, none, those of cost at most a
+    number, or those of the named nodes."""
+    if isinstance(checksums, bool):
+        return checksums
+    if isinstance(checksums, (int, float)):
+        return check.cost <= checksums
+    if isinstance(checksums, str) or not isinstance(checksums, Sequence):
+        raise MonitorOptionError(f"checksums must be a bool, a number or a list of node names; "
+                                 f"got {checksums!r}")  # fmt: skip
+    return check.monitored in checksums
+
+
+def _check_checksum_names(checksums: Any, sums: dict[str, SumCheck]) -> None:
+    """A list of node names for `checksums` names nodes that have one."""
+    if isinstance(checksums, (bool, int, float, str)) or not isinstance(checksums, Sequence):
+        return
+    unknown = [n for n in checksums if n not in sums]
+    if unknown:
+        raise MonitorOptionError(f"checksums: node {unknown[0]!r} has no checksum; nodes with "
+                                 f"one: {', '.join(sums) or 'none'}")  # fmt: skip
 
 
 def _given_range(ranges, name: str, shape, like: Tensor) -> tuple[Tensor, Tensor]:

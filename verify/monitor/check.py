@@ -4,6 +4,7 @@ the check calls inserted after each monitored node, and the wrapped module."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from bounds.errors import (
 )
 from bounds.graph.graph import Graph
 from bounds.ops import ReshapeOp
-from verify.monitor.sums import SumCheck, SumRecorder, inplace_users
+from verify.monitor.sums import SumCheck, SumRecorder, inplace_users, relu_call
 
 
 class MonitorMismatchError(VerificationInputError):
@@ -50,7 +51,8 @@ class _Capture(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
-        self.values[n.name] = value
+        # a copy: a later in-place op (`nn.ReLU(inplace=True)`) must not change what we saw
+        self.values[n.name] = value.clone() if isinstance(value, Tensor) else value
         return value
 
 
@@ -138,39 +140,63 @@ class _Checker:
     bounds of all nodes are gathered once per forward for clipping; detection reduces each node
     to per-region extremes over the batch (`index_reduce`) and compares them with the regions'
     ranges once. Clamps propagate NaN (one op per
-    node); a NaN output makes `MonitoredNet` rerun the forward with NaN-safe clamps."""
+    node); a NaN output makes `MonitoredNet` rerun the forward with NaN-safe clamps.
+
+    Checks a node cannot fail are skipped: a ReLU output (`relu_fed`) is checked against
+    `[lo if lo > 0 else -inf, hi]` (`self.lower`, `self.upper`; the ranges as given are
+    `clip_lower`, `clip_upper`), never below 0. With `through_relu` (`make_checker`) a node
+    read only by a ReLU is checked as the ReLU sees it, against `[lo if lo > 0 else -inf,
+    max(hi, 0)]`: a value below a lower end `lo <= 0` leaves the ReLU as `0 = relu(lo)`, the
+    output of an in-range value, so it is not flagged. The test is the same on the value and
+    on its ReLU (`lo > 0`: `h >= lo` iff `relu(h) >= lo`; `hi+ >= 0`: `h <= hi+` iff `relu(h)
+    <= hi+`), so an in-place ReLU may overwrite the recorded value (no copy), and a node whose
+    every lower end is skipped costs one reduction (its maximum) instead of two. Clip-only passes clamp in place where the
+    network would overwrite the value anyway (an in-place ReLU) or where the node is a fresh
+    tensor that only its check reads (`fresh`)."""
 
     def __init__(self, lower, upper, shapes, action: str, hazard, names, keep: bool,
-                 relus, sums) -> None:  # fmt: skip
-        self.lower, self.upper, self.names, self.hazard = lower, upper, names, hazard
+                 relus, sums, relu_fed=None, fresh=None) -> None:  # fmt: skip
+        count = len(names)
+        self.names, self.hazard = names, hazard
         self.detect, self.clip, self.keep = action != "clip", action != "detect", keep
         self.relus, self.sums, self.safe = relus, sums, False
+        self.inplace_relus: list[bool] = []  # per fused ReLU: the network's ReLU is in place
+        self.fresh = list(fresh) if fresh is not None else [False] * count
         self.shapes = [tuple(s) for s in shapes]
+        relu_fed = list(relu_fed) if relu_fed is not None else [False] * count
+        inf = float("inf")
+        self.lower = [torch.where(t > 0, t, -inf) if r else t for t, r in zip(lower, relu_fed)]
+        self.upper = [t.clamp(min=0) if r else t for t, r in zip(upper, relu_fed)]
+        self.need_min = [not bool(torch.isneginf(t).all()) for t in self.lower]
+        self.clip_lower, self.clip_upper = lower, upper
         self.hull_lo = [t.amin(0) for t in lower]
         self.hull_hi = [t.amax(0) for t in upper]
+        self.check_lo = [t.amin(0) for t in self.lower]
+        self.check_hi = [t.amax(0) for t in self.upper]
         self.plus_lo = [t.clamp(min=0) for t in self.hull_lo]
         self.plus_hi = [t.clamp(min=0) for t in self.hull_hi]
-        self.flat_lo = _flat([h[None] for h in self.hull_lo], shapes)[0]
-        self.flat_hi = _flat([h[None] for h in self.hull_hi], shapes)[0]
+        self.flat_lo = _flat([h[None] for h in self.check_lo], shapes)[0]
+        self.flat_hi = _flat([h[None] for h in self.check_hi], shapes)[0]
         sizes = [int(torch.Size(s).numel()) for s in self.shapes]
         self.offsets = [sum(sizes[:k]) for k in range(len(sizes))] + [sum(sizes)]
-        self.extremes = torch.empty(2, self.flat_lo.numel(), dtype=self.flat_lo.dtype,
+        # the minima of nodes without a lower end to check stay 0 (never written)
+        self.extremes = torch.zeros(2, self.flat_lo.numel(), dtype=self.flat_lo.dtype,
                                     device=self.flat_lo.device)  # fmt: skip
         self.mins, self.maxs = self.extremes
-        inf = torch.full_like(self.flat_lo, float("inf"))
-        self.window_lo = torch.stack([self.flat_lo, -inf])  # the minima above lo, maxima any
-        self.window_hi = torch.stack([inf, self.flat_hi])
+        infs = torch.full_like(self.flat_lo, inf)
+        self.window_lo = torch.stack([self.flat_lo, -infs])  # the minima above lo, maxima any
+        self.window_hi = torch.stack([infs, self.flat_hi])
         self.min_views = [self._view(self.mins, k) for k in range(len(names))]
         self.max_views = [self._view(self.maxs, k) for k in range(len(names))]
         self.regions = int(lower[0].shape[0])
         table_lo, table_hi = _flat(lower, shapes), _flat(upper, shapes)  # [R, total] each
         self.table = torch.cat([table_lo, table_hi], 1)  # gathered per sample for clipping
+        table_lo, table_hi = _flat(self.lower, shapes), _flat(self.upper, shapes)  # detection
         # the regions' extremes over the batch: one flat buffer per side, node by node a
         # contiguous `[R, n_k]` block (scatter_reduce into strided views is slow); the bounds
         # laid out alike
         blocks = [self._view(t, k).reshape(self.regions, -1) for t in (table_lo, table_hi)
                   for k in range(len(names))]  # fmt: skip
-        count = len(names)
         self.block_lo = torch.cat([b.reshape(-1) for b in blocks[:count]])
         self.block_hi = torch.cat([b.reshape(-1) for b in blocks[count:]])
         self.block_min, self.block_max = (
@@ -202,6 +228,7 @@ class _Checker:
                 self.block_min.fill_(float("inf"))
                 self.block_max.fill_(-float("inf"))
         self.rerun, self.grad = False, torch.is_grad_enabled()
+        self.single = batch == 1 and self.mode == "shared"  # the values are the extremes
         if self.detect and self.sums is not None:
             self.sums.begin(batch)
 
@@ -215,13 +242,18 @@ class _Checker:
         mode = self.mode
         if mode == "shared":
             flat = x.detach() if self.grad else x  # the buffers take no gradient
-            torch.amin(flat, 0, out=self.min_views[k])
+            if self.single:  # one sample: a copy is both extremes (and its raw value)
+                self.min_views[k].copy_(flat[0])
+                return
+            if self.need_min[k]:
+                torch.amin(flat, 0, out=self.min_views[k])
             torch.amax(flat, 0, out=self.max_views[k])
             self.raw[k] = x.clone() if self.hazard[k] else x
         elif mode == "sample":  # per-region extremes over the batch (NaN propagates)
             flat = (x.detach() if self.grad else x).reshape(x.shape[0], -1)
             index = self.region[:, None].expand_as(flat)
-            self.region_min[k].scatter_reduce_(0, index, flat, "amin")
+            if self.need_min[k]:
+                self.region_min[k].scatter_reduce_(0, index, flat, "amin")
             self.region_max[k].scatter_reduce_(0, index, flat, "amax")
             self.raw[k] = x.clone() if self.hazard[k] else x
         else:
@@ -240,13 +272,18 @@ class _Checker:
         if not self.clip or (self.mode == "sample" and not self.safe):
             return x
         lo, hi = self._bounds(k)
-        return _clamp(x, lo, hi) if self.safe else torch.clamp(x, lo, hi)
+        if self.safe:
+            return _clamp(x, lo, hi)
+        if self.fresh[k] and not (self.detect or self.keep or self.grad):  # only we read x
+            return x.clamp_(lo, hi)
+        return torch.clamp(x, lo, hi)
 
     def check_relu(self, h: Tensor, k: int, j: int) -> Tensor:
         if self._recording():
             self._record(h, k)
-        if self.keep:
-            self.values[self.names[k]] = h.clone() if self.hazard[k] else h
+        if self.keep:  # a copy where a ReLU (ours or the network's) would overwrite it
+            kept = self.hazard[k] or self.inplace_relus[j]
+            self.values[self.names[k]] = h.clone() if kept else h
         module = self.relus[j]
         if not self.clip or (self.mode == "sample" and not self.safe):
             return module(h)
@@ -255,11 +292,22 @@ class _Checker:
             lo, hi = self._bounds(k)
             return (_clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)).relu_()
         lo, hi = self.plus_lo[k], self.plus_hi[k]
-        return _clamp(value, lo, hi) if self.safe else torch.clamp(value, lo, hi)
+        if self.safe:
+            return _clamp(value, lo, hi)
+        if self.inplace_relus[j] and not (self.detect or self.keep or self.grad):  # as its ReLU
+            return value.clamp_(lo, hi)
+        return torch.clamp(value, lo, hi)
 
     def end(self, output: Tensor) -> MonitorReport:
         """The report of the pass; sets `rerun` when clipping needs a second, clamping pass
-        (per-sample regions with a value outside its range; a NaN past the fast clamps)."""
+        (per-sample regions with a value outside its range; a NaN past the fast clamps).
+        Releases the pass's values (they would hold the activations until the next pass)."""
+        try:
+            return self._end(output)
+        finally:
+            self.raw = self.inside = None
+
+    def _end(self, output: Tensor) -> MonitorReport:
         names, sums = self.names, self.sums
         if self.clip and not self.safe:
             if self.mode == "sample":
@@ -279,7 +327,11 @@ class _Checker:
                 flags = self._add_sums(flags)
         else:
             ext = self.extremes  # NaN fails the comparison
-            ranges_ok = torch.equal(torch.clamp(ext, self.window_lo, self.window_hi), ext)
+            if self.single:
+                ext, low, high = self.mins, self.flat_lo, self.flat_hi
+            else:
+                low, high = self.window_lo, self.window_hi
+            ranges_ok = torch.equal(torch.clamp(ext, low, high), ext)
             if ranges_ok and (sums is None or sums.holds()):
                 return self._clean(output)
             flags = self._shared_flags()
@@ -316,8 +368,12 @@ class _Checker:
         return torch.stack(rows, 1)
 
     def _shared_flags(self) -> Tensor:
+        if self.single:
+            rows = [~(_excess(self.min_views[k][None], lo, hi) <= 0)
+                    for k, (lo, hi) in enumerate(zip(self.check_lo, self.check_hi))]  # fmt: skip
+            return torch.stack(rows, 1)
         rows = [
-            ~(_excess(x, lo, hi) <= 0) for x, lo, hi in zip(self.raw, self.hull_lo, self.hull_hi)
+            ~(_excess(x, lo, hi) <= 0) for x, lo, hi in zip(self.raw, self.check_lo, self.check_hi)
         ]
         return torch.stack(rows, 1)
 
@@ -334,43 +390,70 @@ class _Checker:
 
 
 def _fusable_relu(node: fx.Node, gm: fx.GraphModule) -> fx.Node | None:
-    """The ReLU that is the only user of `node` (a module of type nn.ReLU or torch.relu /
-    F.relu without keywords), or None."""
+    """The ReLU that is the only user of `node` (an `nn.ReLU` module, in place or not, or a
+    ReLU function or method, `sums.relu_call`), or None."""
     users = list(node.users)
     if len(users) != 1:
         return None
-    user = users[0]
-    if user.op == "call_module" and type(gm.get_submodule(user.target)) is nn.ReLU:
-        return user
-    relus = (torch.relu, nn.functional.relu)
-    if user.op == "call_function" and user.target in relus and not user.kwargs:
-        return user if len(user.args) == 1 else None
-    return None
+    return users[0] if relu_call(users[0], gm) is not None and users[0].args[0] is node else None
+
+
+# fx nodes whose value is a tensor of their own (not a view of another node's)
+_FRESH_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm1d,
+                  nn.BatchNorm2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d)  # fmt: skip
+_FRESH_FUNCTIONS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.matmul,
+                    torch.add, torch.sub, torch.mul, torch.matmul, torch.mean, torch.sum,
+                    nn.functional.linear, nn.functional.conv2d, nn.functional.avg_pool2d,
+                    nn.functional.adaptive_avg_pool2d, nn.functional.max_pool2d}  # fmt: skip
+_FRESH_METHODS = {"add", "sub", "mul", "matmul", "mean", "sum"}
+
+
+def _fresh(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether `node` computes a new tensor (a layer or arithmetic, not a view or a reshape)
+    that nothing but its one user reads (then its check may clamp it in place)."""
+    if len(node.users) != 1:
+        return False
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)) in _FRESH_MODULES
+    if node.op == "call_function":
+        return node.target in _FRESH_FUNCTIONS
+    return node.op == "call_method" and node.target in _FRESH_METHODS
 
 
 def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
                  ranges: Sequence[tuple[Tensor, Tensor]], action: str, like: Tensor, keep: bool,
-                 sums: Sequence[SumCheck] = ()) -> _Checker:  # fmt: skip
+                 sums: Sequence[SumCheck] = (), through_relu: bool = False) -> _Checker:  # fmt: skip
     """Inserts a check after each fx node of `names` (node shapes `shapes`, ranges
     `[R, *shape]` or `[R, 1, ...]` each) into `gm`, and the checksum records of `sums`
-    (`SumCheck`s of nodes among `names`; detect actions only)."""
+    (`SumCheck`s of nodes among `names`; detect actions only). ReLU outputs, and with
+    `through_relu` the nodes read only by a ReLU, are checked as the ReLU sees them
+    (`_Checker`). A node read by an in-place ReLU is copied for detection unless
+    `through_relu` (clipping alone needs no copy)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     missing = [n for n in names if n not in by_name]
     if missing:
         raise MonitorMismatchError(f"the network computes no node {missing[0]!r}")
     lower = [r[0].to(like.device, like.dtype) for r in ranges]
     upper = [r[1].to(like.device, like.dtype) for r in ranges]
-    hazard = [inplace_users(by_name[n], gm) for n in names]
+    fused = [_fusable_relu(by_name[n], gm) for n in names]
+    overwritten = through_relu or (action == "clip" and not keep)  # no raw values needed
+    hazard = [inplace_users(by_name[n], gm, allowed=relu if overwritten else None)
+              for n, relu in zip(names, fused)]  # fmt: skip
+    relu_fed = [(through_relu and relu is not None) or relu_call(by_name[n], gm) is not None
+                for n, relu in zip(names, fused)]  # fmt: skip
+    fresh = [_fresh(by_name[n], gm) and not hazard[k] for k, n in enumerate(names)]
     sums = list(sums) if action != "clip" else []
-    recorder = SumRecorder(sums, like, [names.index(c.node) for c in sums]) if sums else None
+    recorder = SumRecorder(sums, like, [names.index(c.monitored) for c in sums]) if sums else None
     relus: list[nn.Module] = []
-    checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep, relus, recorder)
+    checker = _Checker(lower, upper, shapes, action, hazard, tuple(names), keep, relus, recorder,
+                       relu_fed, fresh)  # fmt: skip
     for k, name in enumerate(names):
         node = by_name[name]
         relu = _fusable_relu(node, gm)
         if relu is not None and not hazard[k]:
-            module = gm.get_submodule(relu.target) if relu.op == "call_module" else torch.relu
-            relus.append(module if isinstance(module, nn.Module) else nn.ReLU())
+            module = gm.get_submodule(relu.target) if relu.op == "call_module" else None
+            relus.append(module if module is not None else nn.ReLU())
+            checker.inplace_relus.append(bool(relu_call(relu, gm)))
             with gm.graph.inserting_after(relu):
                 new = gm.graph.call_function(checker.check_relu, (node, k, len(relus) - 1))
             relu.replace_all_uses_with(new)
@@ -382,8 +465,9 @@ def make_checker(gm: fx.GraphModule, names: Sequence[str], shapes: Sequence[tupl
         node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
     for j, check in enumerate(sums):
         node, source = by_name[check.node], by_name[check.source]
-        anchor = next(iter(node.users))  # the node's check: record after it
-        with gm.graph.inserting_after(anchor):
+        # right after the layer, before anything (an in-place ReLU fused into its check) may
+        # overwrite its output
+        with gm.graph.inserting_after(node):
             gm.graph.call_function(recorder.record, (node, source, j))
     gm.graph.lint()
     gm.recompile()

@@ -85,14 +85,15 @@ def check_graph(
         recorder = SumRecorder(checks, like, list(range(len(checks))))
         for j, check in enumerate(checks):
             gm.register_buffer(f"_monitor_sum{j}", check.weights.to(like.device))
+            layer = by_name[check.node]
+            with graph.inserting_before(layer.next):  # before an in-place op may overwrite it
+                args = (layer, by_name[check.source], graph.get_attr(f"_monitor_sum{j}"),
+                        float(recorder.low[j]), float(recorder.high[j]),
+                        float(recorder.k1[j]), check.relu, check.absolute)  # fmt: skip
+                failed = graph.call_function(sum_flags, args)
+            k = names.index(check.monitored)
             with graph.inserting_before(output):
-                args = (by_name[check.node], by_name[check.source],
-                        graph.get_attr(f"_monitor_sum{j}"), float(recorder.low[j]),
-                        float(recorder.high[j]), float(recorder.k1[j]), check.relu,
-                        check.absolute)  # fmt: skip
-                k = names.index(check.node)
-                flags[k] = graph.call_function(torch.logical_or,
-                                               (flags[k], graph.call_function(sum_flags, args)))  # fmt: skip
+                flags[k] = graph.call_function(torch.logical_or, (flags[k], failed))
     with graph.inserting_before(output):
         stacked = graph.call_function(torch.stack, (flags, 1))
         flagged = graph.call_function(torch.any, (stacked, 1))

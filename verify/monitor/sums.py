@@ -62,7 +62,6 @@ from bounds.ops import ConvOp, LinearOp
 from bounds.types import Interval, rounded_down, rounded_up
 
 FLOAT64_UNIT = 2.0**-53
-_RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
 
 
 def _gamma(n: int, unit: float) -> float:
@@ -74,7 +73,9 @@ class SumCheck:
     """The checksum of the linear node `node`: its input is `relu(source)` (`relu`) or
     `source`, flattened from dim 1 (`flatten`), its absolute value taken unless certified
     non-negative (`absolute`); `weights [2, n] = [c, a]`, `bias_sum = d`, tolerance
-    `k1 * (a^T |x|) + k0`; all in the network's dtype."""
+    `k1 * (a^T |x|) + k0`; all in the network's dtype. `cost`: the check's work relative to
+    the layer's, `(M + 2 N) / (M n_c)` (its passes over `y` and `x` per multiply-add of the
+    layer: `wrap(..., checksums=c)` keeps the checks of cost at most `c`)."""
 
     node: str
     source: str
@@ -85,12 +86,41 @@ class SumCheck:
     bias_sum: float
     k1: float
     k0: float
+    cost: float = 0.0
+    report: str | None = None  # the monitored node it flags, when not `node` (a BatchNorm's)
+
+    @property
+    def monitored(self) -> str:
+        """The monitored node whose flag a failure sets."""
+        return self.report or self.node
+
+
+_RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
+_INPLACE_RELU_FUNCTIONS = (torch.relu_, nn.functional.relu_)
+
+
+def relu_call(node: fx.Node, gm: fx.GraphModule) -> bool | None:
+    """Whether `node` is a ReLU of its first argument, and how: None (not a ReLU), True (it
+    overwrites its input: `nn.ReLU(inplace=True)`, `F.relu(x, inplace=True)`, `x.relu_()`,
+    `torch.relu_`) or False (`nn.ReLU()`, `torch.relu`, `F.relu`, `x.relu()`)."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        return bool(module.inplace) if type(module) is nn.ReLU else None
+    if len(node.args) != 1 or not isinstance(node.args[0], fx.Node):
+        return None
+    if set(node.kwargs) - {"inplace"}:
+        return None
+    if node.op == "call_method" and node.target in ("relu", "relu_"):
+        return node.target == "relu_"
+    if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
+        return bool(node.kwargs.get("inplace", False))
+    if node.op == "call_function" and node.target in _INPLACE_RELU_FUNCTIONS:
+        return True
+    return None
 
 
 def _is_relu(node: fx.Node, gm: fx.GraphModule) -> bool:
-    if node.op == "call_module":
-        return type(gm.get_submodule(node.target)) is nn.ReLU
-    return node.op == "call_function" and node.target in _RELU_FUNCTIONS and not node.kwargs
+    return relu_call(node, gm) is not None
 
 
 def _is_flatten(node: fx.Node, gm: fx.GraphModule) -> bool:
@@ -219,7 +249,10 @@ def sum_checks(
     """The checksums of the monitored nodes `names` that an `nn.Linear` or `nn.Conv2d` of
     `net` computes with the bound graph's weights (compared exactly; `net` holds the certified
     weights when the monitor is built), keyed by node name; `bounds`: the float bounds of the
-    graph nodes (a non-negative input needs no absolute value)."""
+    graph nodes (a non-negative input needs no absolute value). A node that is a BatchNorm
+    of a layer's output (folded into the layer's op by the graph) gets the checksum of the
+    layer as the module computes it, before the BatchNorm (its own weights), flagged at the
+    BatchNorm's node."""
     by_name = {n.name: n for n in gm.graph.nodes}
     dtype = next((t.dtype for t in net.parameters() if t.is_floating_point()), torch.float32)
     out = {}
@@ -228,6 +261,11 @@ def sum_checks(
         op = graph[name].op
         if node is None or node.op != "call_module" or not isinstance(op, (LinearOp, ConvOp)):
             continue
+        layer = _normalised_layer(node, gm)
+        if layer is not None:  # the layer before the BatchNorm, with the module's weights
+            node, op = layer, _own_op(gm.get_submodule(layer.target), op)
+            if op is None:
+                continue
         module = gm.get_submodule(node.target)
         shape = graph[name].shape
         found = (_linear_sums if isinstance(op, LinearOp) else _conv_sums)(module, op, shape)
@@ -246,10 +284,35 @@ def sum_checks(
         weights = torch.stack([c.to(dtype), rounded_up(a, dtype)]).contiguous()
         held = graph[name].inputs[0]
         absolute = not relu and not (held in bounds and bool((bounds[held].lower >= 0).all()))
-        out[name] = SumCheck(name, source.name, relu, flatten, absolute, weights, d,
+        out[name] = SumCheck(node.name, source.name, relu, flatten, absolute, weights, d,
                              float(rounded_up(torch.tensor(k1), dtype)),
-                             float(rounded_up(torch.tensor(k0), dtype)))  # fmt: skip
+                             float(rounded_up(torch.tensor(k0), dtype)),
+                             (outputs + 2 * inputs) / (outputs * terms),
+                             None if node.name == name else name)  # fmt: skip
     return out
+
+
+def _normalised_layer(node: fx.Node, gm: fx.GraphModule) -> fx.Node | None:
+    """The `nn.Linear` / `nn.Conv2d` node whose only user is the BatchNorm module `node`."""
+    if not isinstance(gm.get_submodule(node.target), nn.modules.batchnorm._BatchNorm):
+        return None
+    layer = node.args[0] if node.args else None
+    if not isinstance(layer, fx.Node) or layer.op != "call_module" or len(layer.users) != 1:
+        return None
+    return layer if type(gm.get_submodule(layer.target)) in (nn.Linear, nn.Conv2d) else None
+
+
+def _own_op(module: nn.Module, folded: LinearOp | ConvOp) -> LinearOp | ConvOp | None:
+    """The op of `module` itself, with the geometry of `folded` (the op the graph folded a
+    BatchNorm into), or None when the kinds differ."""
+    weight = module.weight.detach()
+    bias = None if module.bias is None else module.bias.detach()
+    if isinstance(folded, LinearOp) and isinstance(module, nn.Linear):
+        return LinearOp(weight, bias)
+    if isinstance(folded, ConvOp) and isinstance(module, nn.Conv2d):
+        return ConvOp(weight, bias, folded.in_shape, folded.stride, folded.padding,
+                      folded.dilation, folded.groups)  # fmt: skip
+    return None
 
 
 def inplace_users(node: fx.Node, gm: fx.GraphModule, allowed: fx.Node | None = None) -> bool:
