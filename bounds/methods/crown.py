@@ -391,9 +391,20 @@ def crown(
         return bounds_in_float64(crown, graph, box, C, given, *args)
     durations: list[float] = []
     intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
-    result = interval_bound(C, intervals[graph.output.name])
     # the output's pass, predicted to take as long as the longest intermediate chunk
-    if not passed(deadline) and not predicted_past(deadline, durations):
+    run = not passed(deadline) and not predicted_past(deadline, durations)
+    return (*output_bounds(graph, box, C, intervals, exact, linear, run), intervals)
+
+
+def output_bounds(
+    graph: Graph, box: Interval, C: Tensor, intervals: dict[str, Interval], exact: bool,
+    linear: dict[str, Tensor] | None = None, backward: bool = True,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Lower and upper bounds `[B, S]` of `C . y` on the nodes' `intervals`: the output
+    interval's, and (`backward`) the better of those and CROWN's backward pass from the
+    output (its rounding tracked when `exact`); `linear`: filled as `crown` says."""
+    result = interval_bound(C, intervals[graph.output.name])
+    if backward:
         A = output_functional(graph, C)
         lines = default_lines(graph, intervals)
         tracked = intervals if exact else None
@@ -403,8 +414,13 @@ def crown(
             specs = C.shape[1]
             linear["A"] = functional[:, :specs].flatten(2)
             linear["lower"] = found[:, :specs]
-    lower, upper = split_output(result)
-    return lower, upper, intervals
+    return split_output(result)
+
+
+def linear_stats(linear: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A method's stats from `crown`'s `linear`: "input_functional" and "linear_lower" (none
+    when the output's pass did not run)."""
+    return {"input_functional": linear["A"], "linear_lower": linear["lower"]} if linear else {}
 
 
 def crown_intermediate(
@@ -423,5 +439,4 @@ def _crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     """stats: "input_functional" and "linear_lower", the output pass's `linear` (`crown`)."""
     linear: dict[str, Tensor] = {}
     found = crown(graph, box, C, given, deadline=deadline_of(budget), exact=exact, linear=linear)
-    stats = {"input_functional": linear["A"], "linear_lower": linear["lower"]} if linear else {}
-    return (*found, stats)
+    return (*found, linear_stats(linear))

@@ -36,15 +36,8 @@ from torch import Tensor
 
 from bounds.errors import at_node
 from bounds.graph.graph import Graph, Node, node_interval
-from bounds.methods.backward import backward_linear, lower_over
-from bounds.methods.crown import (
-    crown_intervals,
-    default_lines,
-    interval_bound,
-    needs_crown,
-    output_functional,
-    split_output,
-)
+from bounds.methods.backward import lower_over
+from bounds.methods.crown import crown_intervals, linear_stats, needs_crown, output_bounds
 from bounds.methods.pacing import deadline_of, passed
 from bounds.ops import ActivationOp
 from bounds.ops.add import SumOp
@@ -279,23 +272,23 @@ def forward_crown(
     if exact and box.lower.dtype != torch.float64:
         args = (deadline, True, linear, refine_layers)
         return bounds_in_float64(forward_crown, graph, box, C, given, *args)
-    intervals = forward_intervals(graph, box, given, deadline, exact)
-    last = needs_crown(graph)[len(needs_crown(graph)) - refine_layers :] if refine_layers else []
-    if last and not passed(deadline):
-        intervals = crown_intervals(graph, box, intervals, deadline, exact=exact, targets=last)
-    result = interval_bound(C, intervals[graph.output.name])
-    if not passed(deadline):
-        A = output_functional(graph, C)
-        tracked = intervals if exact else None
-        lines = default_lines(graph, intervals)
-        found, functional = backward_linear(graph, graph.output.name, A, box, lines, tracked)
-        result = torch.maximum(result, found)
-        if linear is not None and functional is not None:
-            specs = C.shape[1]
-            linear["A"] = functional[:, :specs].flatten(2)
-            linear["lower"] = found[:, :specs]
-    lower, upper = split_output(result)
+    intervals = refined(graph, box, forward_intervals(graph, box, given, deadline, exact),
+                        deadline, exact, refine_layers)  # fmt: skip
+    lower, upper = output_bounds(graph, box, C, intervals, exact, linear, not passed(deadline))
     return lower, upper, intervals
+
+
+def refined(
+    graph: Graph, box: Interval, intervals: dict[str, Interval], deadline: float | None,
+    exact: bool, layers: int,
+) -> dict[str, Interval]:  # fmt: skip
+    """`intervals` with CROWN's on the unstable neurons of the last `layers` pre-activation
+    layers (`crown_intervals` with those targets; unchanged once `deadline` has passed)."""
+    targets = needs_crown(graph)
+    targets = targets[max(0, len(targets) - layers) :] if layers else []
+    if not targets or passed(deadline):
+        return intervals
+    return crown_intervals(graph, box, intervals, deadline, exact=exact, targets=targets)
 
 
 def forward_intermediate(
@@ -304,8 +297,7 @@ def forward_intermediate(
 ) -> dict[str, Interval]:  # fmt: skip
     """The forward functions' intervals, CROWN's on the last layers (`IntermediateBounds`)."""
     intervals = forward_intervals(graph, box, given, deadline)
-    last = needs_crown(graph)[-ForwardConfig.refine_layers :]
-    return crown_intervals(graph, box, intervals, deadline, targets=last)
+    return refined(graph, box, intervals, deadline, True, ForwardConfig.refine_layers)
 
 
 @register_method(
@@ -319,5 +311,4 @@ def _forward(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     linear: dict[str, Tensor] = {}
     deadline = deadline_of(budget)
     found = forward_crown(graph, box, C, given, deadline, exact, linear, config.refine_layers)
-    stats = {"input_functional": linear["A"], "linear_lower": linear["lower"]} if linear else {}
-    return (*found, stats)
+    return (*found, linear_stats(linear))
