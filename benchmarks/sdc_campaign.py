@@ -139,6 +139,23 @@ def cifar(eps: float, rows: int) -> tuple:
     return build_bench(args, net)
 
 
+def fit(net: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float) -> torch.Tensor:
+    """Adam on the cross-entropy of the first 1,200 rows (batches of 64), then eval mode and
+    frozen weights; returns the training rows' indices."""
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    train = torch.arange(1200)
+    net.train()
+    for _ in range(epochs):
+        for batch in train[torch.randperm(1200)].split(64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
+            opt.step()
+    net.eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return train
+
+
 def digits() -> tuple:
     """A 64-64-32-10 ReLU MLP trained here on sklearn's digits (pixels / 16 in [0, 1])."""
     from sklearn.datasets import load_digits
@@ -151,16 +168,7 @@ def digits() -> tuple:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
                         nn.Linear(32, 10))  # fmt: skip
-    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-    train = torch.arange(1200)
-    for _ in range(60):
-        for batch in train[torch.randperm(1200)].split(64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
-            opt.step()
-    net.eval()
-    for p in net.parameters():
-        p.requires_grad_(False)
+    train = fit(net, x, y, epochs=60, lr=3e-3)
     mon = monitor(net, Box(torch.zeros(64), torch.ones(64)))
     return Bench(net, mon, x, y), train, torch.arange(1200, len(x))
 
@@ -436,17 +444,7 @@ def digits_cnn() -> tuple:
     x, y = x[perm], y[perm]
     torch.manual_seed(0)
     net = resnet18(width=4, cifar_stem=True)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    train = torch.arange(1200)
-    net.train()
-    for _ in range(15):
-        for batch in train[torch.randperm(1200)].split(64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
-            opt.step()
-    net.eval()
-    for p in net.parameters():
-        p.requires_grad_(False)
+    train = fit(net, x, y, epochs=15, lr=1e-2)
     mon = monitor(net, Box(torch.zeros(3, 16, 16), torch.ones(3, 16, 16)), input_shape=(3, 16, 16))
     return Bench(net, mon, x, y), train, torch.arange(1200, len(x))
 
