@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,11 @@ PARSERS = {"python -m verify": gen_ref.build_parser, "python -m crf": gen_ref.cr
 
 
 def test_generated_pages_are_current() -> None:
-    stale = [p.relative_to(ROOT).as_posix() for p in gen_ref.stale()]
-    assert not stale, f"{stale} not current: run python docs/gen_ref.py and commit the pages"
+    """In a fresh interpreter: the pages document the shipped registries, not what other tests
+    of this process registered (plugin activations and methods)."""
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_ref.py"), "--check"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}{done.stderr}: commit the regenerated pages"
 
 
 @pytest.mark.parametrize("prog", PARSERS)

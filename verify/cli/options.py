@@ -109,6 +109,29 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "the root's float64 linear bounds (default off: no gain measured on ACAS Xu and the "
         "bias-field nets)",
     )
+    add_relu_splitting(parser)
+    parser.add_argument(
+        "--workers",
+        type=count_option(1),
+        help="worker processes on a Ray cluster (default 1: this process, no Ray); run-all "
+        "spreads the instances over them, run shards the instance; with --ray, the default is "
+        "the cluster's CPUs over --threads",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="join this Ray cluster (e.g. auto or HOST:6379) instead of starting a local one",
+    )
+    parser.add_argument(
+        "--threads", type=count_option(1), default=1, help="torch threads (1; per worker)"
+    )
+    parser.add_argument(
+        "--device", type=device_option, default="cpu", help="torch device of the network (cpu)"
+    )
+
+
+def add_relu_splitting(parser: argparse.ArgumentParser) -> None:
+    """The options of ReLU splitting (`ReluSplitConfig`)."""
     parser.add_argument(
         "--prox-sweeps",
         type=count_option(0),
@@ -148,24 +171,6 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "dual solver (active-set, sp-fw: the Anderson relaxation, tighter than Planet; prox: "
         f"Planet's), within half the time left; alpha-crown: no further stage (default "
         f"{ReluSplitConfig.root_intermediate})",
-    )
-    parser.add_argument(
-        "--workers",
-        type=count_option(1),
-        help="worker processes on a Ray cluster (default 1: this process, no Ray); run-all "
-        "spreads the instances over them, run shards the instance; with --ray, the default is "
-        "the cluster's CPUs over --threads",
-    )
-    parser.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        help="join this Ray cluster (e.g. auto or HOST:6379) instead of starting a local one",
-    )
-    parser.add_argument(
-        "--threads", type=count_option(1), default=1, help="torch threads (1; per worker)"
-    )
-    parser.add_argument(
-        "--device", type=device_option, default="cpu", help="torch device of the network (cpu)"
     )
 
 

@@ -1,5 +1,6 @@
 """Certified activation monitors against silent data corruption: `monitor(net, domain)` and its
-`Monitor` (`api`), the fused checks on the user's module (`check`), the checksums of affine
+`Monitor` (`api`), its domain (`domain`), the fused checks on the user's module (`check`, the
+wrapped module in `wrapped`), the checksums of affine
 layers (`sums`), the certified ranges (`ranges`), the compiled detection path (`compiled`), and
 the fault injection that tests them (`faults`).
 

@@ -89,16 +89,13 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bounds.errors import (
     InvalidNetworkError,
-    InvalidRegionError,
     ShapeMismatchError,
     UnsupportedOperationError,
     VerificationInputError,
@@ -108,7 +105,6 @@ from bounds.ops import ActivationOp
 from bounds.types import Interval
 from verify.api import network_graph
 from verify.monitor.check import (
-    MonitoredNet,
     MonitorMismatchError,
     MonitorReport,
     make_checker,
@@ -116,9 +112,10 @@ from verify.monitor.check import (
     shared_trace,
 )
 from verify.monitor.compiled import CompiledMonitoredNet, check_graph
+from verify.monitor.domain import Ball, Box, implied_shape, regions_box
 from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
 from verify.monitor.sums import SumCheck, sum_checks
-from verify.region import input_box
+from verify.monitor.wrapped import MonitoredNet
 
 ACTIONS = ("detect", "clip", "both")
 GRANULARITIES = ("neuron", "layer")
@@ -131,24 +128,6 @@ PRECISIONS = {"float32": (0.0, 2.0**-24), "float64": (0.0, 2.0**-53), "tf32": (2
 
 class MonitorOptionError(VerificationInputError):
     """An unknown action, granularity, method, precision or node set (names the value)."""
-
-
-@dataclass(frozen=True)
-class Box:
-    """The input box `lower <= x <= upper` (`[*input_shape]`, or `[k, *input_shape]`: k boxes)."""
-
-    lower: Any
-    upper: Any
-
-
-@dataclass(frozen=True)
-class Ball:
-    """The L-inf ball(s) of radius `eps` around `center` (`[*input_shape]` or `[k, ...]`),
-    intersected with the box `within = (low, high)` when given (e.g. the pixel range)."""
-
-    center: Any
-    eps: Any
-    within: tuple[float, float] | None = None
 
 
 def _choice(value: str, allowed: Sequence[str], what: str) -> str:
@@ -168,45 +147,6 @@ def check_eval(net: nn.Module) -> None:
                 f"module {where!r} is in training mode: call net.eval() before building or "
                 "applying a monitor"
             )
-
-
-def regions_box(domain: Any, input_shape: tuple[int, ...] | None) -> Interval:
-    """The domain as `R` boxes `[R, *input_shape]` (float64). `domain`: a `Box`, a `Ball`, an
-    `Interval`, a `(lower, upper)` pair, or a list of them (region `i` of the list first)."""
-    items = list(domain) if isinstance(domain, list) else [domain]
-    if not items:
-        raise InvalidRegionError("the domain is an empty list of regions")
-    lowers, uppers = [], []
-    for i, item in enumerate(items):
-        where = f"domain[{i}]" if isinstance(domain, list) else "domain"
-        try:
-            box = _one_region(item, input_shape)
-        except VerificationInputError as err:
-            raise type(err)(f"{where}: {err}") from err
-        if input_shape is None:
-            input_shape = tuple(box.lower.shape[1:])
-        lowers.append(box.lower)
-        uppers.append(box.upper)
-    return Interval(torch.cat(lowers), torch.cat(uppers))
-
-
-def _one_region(item: Any, shape: tuple[int, ...] | None) -> Interval:
-    kw = dict(input_shape=shape, dtype=torch.float64, device=None, domain=None)
-    if isinstance(item, Ball):
-        kw["domain"] = item.within
-        return input_box(eps=item.eps, x=item.center, lower=None, upper=None, **kw)
-    if isinstance(item, Interval):
-        item = Box(item.lower, item.upper)
-    elif isinstance(item, tuple) and len(item) == 2:
-        item = Box(*item)
-    if not isinstance(item, Box):
-        raise InvalidRegionError(
-            f"a region must be a Box, a Ball, an Interval or a (lower, upper) pair; got "
-            f"{type(item).__name__}"
-        )
-    if shape is None:  # one box of the network's per-sample shape
-        kw["input_shape"] = tuple(torch.as_tensor(item.lower).shape)
-    return input_box(eps=None, x=None, lower=item.lower, upper=item.upper, **kw)
 
 
 # --- bounds of the float evaluation ----------------------------------------------------------
@@ -459,58 +399,6 @@ def _check_tf32(like: Tensor, unit: tuple[float, float]) -> None:
             "torch.backends.cudnn.allow_tf32): disable it, or build the monitor with "
             'precision="tf32"'
         )
-
-
-def _first_corner(domain: Any) -> Any:
-    """The lower corner of the domain's first box, or None (a Ball: its leading axis is always
-    the regions'; anything else: left to `regions_box` to refuse)."""
-    item = domain[0] if isinstance(domain, list) and domain else domain
-    if isinstance(item, (Box, Interval)):
-        return item.lower
-    if isinstance(item, tuple) and len(item) == 2:
-        return item[0]
-    return None
-
-
-def _shape_of(value: Any) -> tuple[int, ...] | None:
-    try:
-        return tuple(value.shape) if isinstance(value, Tensor) else tuple(np.shape(value))
-    except (TypeError, ValueError):  # ragged or not numeric: `regions_box` names the problem
-        return None
-
-
-def _accepts(net: nn.Module, shape: tuple[int, ...]) -> bool:
-    """Whether `net` runs on a batch of two zero inputs of `shape` (two, not one: an unbatched
-    convolution would take a batch of one for a sample)."""
-    tensors = [t for t in (*net.parameters(), *net.buffers()) if t.is_floating_point()]
-    dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
-    device = tensors[0].device if tensors else None
-    try:
-        with torch.no_grad():
-            net(torch.zeros(2, *shape, dtype=dtype, device=device))
-    except Exception:  # any failure means the network does not take this shape
-        return False
-    return True
-
-
-def implied_shape(net: nn.Module, domain: Any) -> tuple[int, ...] | None:
-    """The per-sample input shape of a network that declares none, when the domain's first box
-    has a leading axis of 1 (`[1, *shape]`, the batch axis of `verify.bounds`): `shape` when the
-    network accepts only that; None (the box's own shape, as before) otherwise.
-    `ShapeMismatchError` naming both shapes when the network accepts both."""
-    whole = _shape_of(_first_corner(domain))
-    if whole is None or len(whole) < 2 or whole[0] != 1:
-        return None
-    sample = whole[1:]
-    if not _accepts(net, sample):
-        return None
-    if _accepts(net, whole):
-        raise ShapeMismatchError(
-            f"domain: a box of shape {whole} is ambiguous: the network takes one sample of "
-            f"shape {sample} (the box with a batch axis of 1) or of shape {whole}; pass "
-            f"input_shape={sample} (the expected per-sample shape) or a box of that shape"
-        )
-    return sample
 
 
 def _module_ids(net: nn.Module) -> tuple:

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from verify.monitor.check import MonitoredNet, MonitorReport, _first, _hooked
+from verify.monitor.check import MonitorReport, _first, _hooked
 from verify.monitor.sums import SumCheck, SumRecorder
+from verify.monitor.wrapped import MonitoredNet
 
 
 def range_flags(value: Tensor, lo: Tensor, hi: Tensor, region: Tensor | None) -> Tensor:
