@@ -168,8 +168,9 @@ class InputBounder:
         low, high, empty = clip_boxes(*box, A, r, spec.owner, spec.n_polytopes)
         lower = rounded_down(low, d.lower.dtype).to(d.lower.device)
         upper = rounded_up(high, d.upper.dtype).to(d.upper.device)
-        shrunk = ((upper - lower) / (d.upper - d.lower).clamp_min(1e-30)).clamp(max=1)
-        self.stats["clip_volume_log2"] = float(shrunk.clamp_min(1e-300).log2().sum())
+        wide = (d.upper - d.lower) > 0  # fixed inputs (lower = upper) have no volume to lose
+        shrunk = ((upper - lower)[wide] / (d.upper - d.lower)[wide]).clamp(min=1e-300, max=1)
+        self.stats["clip_volume_log2"] = float(shrunk.log2().sum())
         return Domains(lower, upper, d.rows, d.margin, d.depth, d.coeff), bool(empty.all())
 
     def retain(self, open_: Domains) -> None:
