@@ -137,9 +137,15 @@ def test_graph_computes_the_model(name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_bounds_contain_samples(name):
     net, shape = model(name)
-    graph = build_graph(net, shape)
     _, lower, upper = ball(shape, 0.02)
-    points = box_samples(lower, upper, 200, seed=3)
+    assert_bounds_contain_samples(net, shape, lower, upper, 200, seed=3)
+
+
+def assert_bounds_contain_samples(net, shape, lower, upper, count: int, seed: int) -> None:
+    """IBP's and CROWN's bounds on `net`'s graph over the box contain its values at `count`
+    sampled points and corners (float64, no tolerance)."""
+    graph = build_graph(net, shape)
+    points = box_samples(lower, upper, count, seed=seed)
     with torch.no_grad():
         values = net(points[0]).unsqueeze(0)
     for method in ("ibp", "crown"):
@@ -186,14 +192,8 @@ def test_onnx_export_loads_to_the_same_function(name, tmp_path):
     x = torch.rand(4, *shape, dtype=D, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():  # float32 weights, evaluated in float64 by both
         torch.testing.assert_close(loaded(x), reference(x), rtol=1e-12, atol=1e-12)
-    graph = build_graph(loaded, shape)
     _, lower, upper = ball(shape, 0.02)
-    points = box_samples(lower, upper, 100, seed=5)
-    with torch.no_grad():
-        values = loaded(points[0]).unsqueeze(0)
-    for method in ("ibp", "crown"):
-        found = verify.bounds(graph, lower=lower, upper=upper, method=method)
-        assert_contains(found.lower, found.upper, values, tol=0.0)
+    assert_bounds_contain_samples(loaded, shape, lower, upper, 100, seed=5)
     mon = verify.monitor(loaded.float(), Ball(((lower + upper) / 2)[0].float(), 0.02),
                          method="ibp", input_shape=shape)  # fmt: skip
     _no_false_positives(mon, loaded.float(), lower.float(), upper.float())

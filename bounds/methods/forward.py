@@ -49,6 +49,7 @@ from bounds.rounding import (
     in_float64,
     intervals_in_float64,
     intervals_outward,
+    lower_minus,
     magnitude,
     upper_plus,
 )
@@ -95,18 +96,12 @@ def concretize(f: Functions, box: Interval) -> Interval:
 
     def finish(least: Tensor, const: Tensor, slack: Tensor, sign: float) -> Tensor:
         value = least + sign * const.flatten(1) - slack.flatten(1)
-        err = error_bound(least.abs() + const.flatten(1).abs() + slack.flatten(1), 2, 3)
-        return torch.nextafter(value - err, value.new_tensor(-torch.inf))
+        return lower_minus(value, error_bound(least.abs() + const.abs().flatten(1)
+                                              + slack.flatten(1), 2, 3))  # fmt: skip
 
     lower = finish(low_of(f.low), f.low[:, n], f.slack, 1.0)
     upper = -finish(low_of(-f.up), f.up[:, n], f.slack, -1.0)
     return Interval(lower.reshape(batch, *shape), upper.reshape(batch, *shape))
-
-
-def _apply(op: UnaryAffineOp, coeff: Tensor, fn) -> Tensor:
-    """`fn` (a linear map of `op`) on each coefficient map `[B, K, *in_shape]`."""
-    batch, k = coeff.shape[:2]
-    return fn(coeff.reshape(batch * k, *op.in_shape)).reshape(batch, k, *op.out_shape)
 
 
 def affine_functions(op: UnaryAffineOp, f: Functions, size: Tensor | None) -> Functions:
@@ -115,18 +110,15 @@ def affine_functions(op: UnaryAffineOp, f: Functions, size: Tensor | None) -> Fu
     rounding, `gamma_(n + 6) (|L| S + |b|)` (`n` = fan-in); `size` None: no rounding tracked
     (slack 0)."""
     batch, k = f.low.shape[:2]
-    if op.nonnegative:
-        low, up = _apply(op, f.low, op.linear), _apply(op, f.up, op.linear)
-    else:
-        flat = [t.reshape(batch * k, *op.in_shape) for t in (f.low, f.up)]
-        split = op.sign_split(*flat)
-        if split is None:
-            # v in [c - r - e, c + r + e] with r(x) + e >= 0 on the box, r the function
-            # (F_up - F_low) / 2: L v in L c -+ |L| (r + e), its coefficients' signs kept
-            centre, radius = (flat[0] + flat[1]) / 2, (flat[1] - flat[0]) / 2
-            mid, spread = op.linear(centre), op.abs_linear(radius)
-            split = (mid - spread, mid + spread)
-        low, up = (t.reshape(batch, k, *op.out_shape) for t in split)
+    flat = [t.reshape(batch * k, *op.in_shape) for t in (f.low, f.up)]  # each map a sample
+    split = (op.linear(flat[0]), op.linear(flat[1])) if op.nonnegative else op.sign_split(*flat)
+    if split is None:
+        # v in [c - r - e, c + r + e] with r(x) + e >= 0 on the box, r the function
+        # (F_up - F_low) / 2: L v in L c -+ |L| (r + e), its coefficients' signs kept
+        centre, radius = (flat[0] + flat[1]) / 2, (flat[1] - flat[0]) / 2
+        mid, spread = op.linear(centre), op.abs_linear(radius)
+        split = (mid - spread, mid + spread)
+    low, up = (t.reshape(batch, k, *op.out_shape) for t in split)
     b = op.bias_vector()
     if b is not None:
         low, up = low.clone(), up.clone()
@@ -157,8 +149,7 @@ def activation_functions(
 
     def image(slope: Tensor, intercept: Tensor, same: Tensor, other: Tensor) -> Tensor:
         s = slope.unsqueeze(1)
-        out = s.clamp(min=0) * same + s.clamp(max=0) * other
-        out = out.clone()
+        out = s.clamp(min=0) * same + s.clamp(max=0) * other  # a new tensor
         out[:, -1] = out[:, -1] + intercept
         return out
 
@@ -250,9 +241,11 @@ def node_functions(
 class ForwardConfig:
     """refine_layers: the last pre-activation layers whose unstable neurons CROWN bounds
     again after the forward pass (its backward passes cost per neuron; the forward functions
-    lose most of their tightness in the last layers: on a 16-input bias-field conv net (VNN-COMP
-    2022's cifar_biasfield shape), 2 layers give -5.95 where CROWN gives -5.91 and the forward
-    pass alone -9.40, at a quarter of CROWN's time; 0: the forward pass alone)."""
+    lose most of their tightness in the last layers; 0: the forward pass alone). With 2, on a
+    16-input bias-field conv net (VNN-COMP 2022's cifar_biasfield shape), a box's worst bound
+    is -5.949 where CROWN's is -5.915, in 0.14 s against 0.50 s
+    (`python -m benchmarks.forward_bounds`); the forward pass alone answers 11 of the 16
+    bias-field instances where 2 layers answer 14 (`benchmarks/results/input_splitting.md`)."""
 
     refine_layers: int = 2
 
@@ -285,7 +278,7 @@ def refined(
     """`intervals` with CROWN's on the unstable neurons of the last `layers` pre-activation
     layers (`crown_intervals` with those targets; unchanged once `deadline` has passed)."""
     targets = needs_crown(graph)
-    targets = targets[max(0, len(targets) - layers) :] if layers else []
+    targets = targets[max(0, len(targets) - layers) :]
     if not targets or passed(deadline):
         return intervals
     return crown_intervals(graph, box, intervals, deadline, exact=exact, targets=targets)

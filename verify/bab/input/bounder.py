@@ -136,7 +136,7 @@ class InputBounder:
         coeff = None
         if not closed:
             d, closed = self._clip(d, result.stats)
-            coeff = self._critical_coeff(rows64, result.stats)
+            coeff = self._critical_coeff(rows64, result.stats.get("input_functional"))
         self.stats["domains"] += 1
         self.check.record(1, 0, time.perf_counter() - tick)  # no float32 claim to fail
         self.stats["closed"] = self.stats.get("closed", 0) + int(closed)
@@ -146,10 +146,9 @@ class InputBounder:
         margin = min_max(rows - self.tol, self.spec.owner, self.spec.n_polytopes).clamp(max=0)
         return Domains(d.lower, d.upper, rows, margin, d.depth, coeff)
 
-    def _critical_coeff(self, rows: Tensor, stats: dict[str, Any]) -> Tensor | None:
-        """`[N, n_in]` the critical rows' input functionals in `stats` (`Domains.coeff`), or
-        None (not kept, or the method gave none)."""
-        A = stats.get("input_functional")
+    def _critical_coeff(self, rows: Tensor, A: Tensor | None) -> Tensor | None:
+        """`[N, n_in]` the critical rows' input functionals (`Domains.coeff`) from the rows'
+        `A [N, m, n_in]`, or None (not kept, or the method gave none)."""
         if not self.keep_coeff or A is None:
             return None
         pick = critical_rows(rows, self.spec.owner, self.spec.n_polytopes)
@@ -206,9 +205,7 @@ class InputBounder:
                     lower[index], upper[index], use_strong, found, functionals
                 )
                 if coeff is not None and functionals and all(f is not None for f in functionals):
-                    A = torch.cat(functionals)  # [n, m, n_in]
-                    pick = critical_rows(rows[index], self.spec.owner, self.spec.n_polytopes)
-                    coeff[index] = A[torch.arange(len(index)), pick].to(coeff.dtype)
+                    coeff[index] = self._critical_coeff(rows[index], torch.cat(functionals))
                 if found and found[0]:  # alpha-CROWN: one row of slopes per domain, in order
                     slope_rows[index] = count + torch.arange(len(index), device=lower.device)
                     parts, count = parts + found, count + len(index)

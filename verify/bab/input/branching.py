@@ -36,7 +36,7 @@ class SmearScore:
     def __call__(self, parents: Domains) -> Tensor:
         width = parents.upper - parents.lower
         widest = self.widest(parents)
-        rows = self.critical_rows(parents.rows)
+        rows = critical_rows(parents.rows, self.spec.owner, self.spec.n_polytopes)
         centre = ((parents.lower + parents.upper) / 2).reshape(-1, *self.shape)
         centre.requires_grad_(True)
         with torch.enable_grad():
@@ -46,10 +46,6 @@ class SmearScore:
         smear = grad.flatten(1).abs() * width
         smear = smear / smear.amax(dim=1, keepdim=True).clamp_min(1e-30)
         return smear + 1e-3 * widest * (widest > 0)
-
-    def critical_rows(self, rows: Tensor) -> Tensor:
-        """Per domain the row index of the best row of the polytope that is least excluded."""
-        return critical_rows(rows, self.spec.owner, self.spec.n_polytopes)
 
 
 @INPUT_BRANCHINGS.register("widest")
