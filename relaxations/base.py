@@ -39,8 +39,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
+    """`torch.broadcast_shapes` by numpy's (identical) rules: torch's imports its symbolic
+    shapes on the first call, 1.7 s of a fresh process; ValueError where they do not broadcast."""
+    return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
 
 
 @dataclass(frozen=True)
@@ -258,7 +265,7 @@ def polygon_vertices(
     lines_i = torch.cat([cons.lower_intercepts, cons.upper_intercepts])
     lines_s, lines_i = torch.broadcast_tensors(lines_s, lines_i)
     n_low = len(cons.lower_slopes)
-    shape = torch.broadcast_shapes(lower.shape, lines_s.shape[1:])
+    shape = broadcast_shape(lower.shape, lines_s.shape[1:])
     ends = torch.stack([lower.expand(shape), upper.expand(shape)])
     cross, i, j = _crossings(lines_s, lines_i)
     inside = (cross >= lower) & (cross <= upper)
@@ -297,6 +304,6 @@ def polygon_argmin(
     value = coeff_pre.unsqueeze(0) * xh + coeff_post.unsqueeze(0) * x
     value = torch.where(feasible, value, torch.inf)
     best = value.argmin(0, keepdim=True)
-    full = torch.broadcast_shapes(value.shape, xh.shape)
+    full = broadcast_shape(value.shape, xh.shape)
     pick = best.expand(1, *full[1:])
     return xh.expand(full).gather(0, pick)[0], x.expand(full).gather(0, pick)[0]

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relaxations.base import LinearBounds, LinearConstraints, Piece, Relaxation
+from relaxations.base import LinearBounds, LinearConstraints, Piece, Relaxation, broadcast_shape
 from relaxations.piecewise import (
     along,
     check_level,
@@ -216,7 +216,7 @@ class LeakyReluRelaxation(Relaxation):
     def constraints(self, lower: Tensor, upper: Tensor) -> LinearConstraints:
         """The hull: on ambiguous neurons `x >= n xh`, `x >= xh` and `x <= chord` (convex sigma;
         mirrored for a concave one), on stable ones the piece (repeated)."""
-        shape = torch.broadcast_shapes(lower.shape, self.slope(lower).shape)
+        shape = broadcast_shape(lower.shape, self.slope(lower).shape)
         zeros, ones = lower.new_zeros(shape), lower.new_ones(shape)
         first, second = (
             self.linear_bounds(lower, upper, zeros),

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, Relaxation
+from relaxations.base import LinearBounds, LinearConstraints, Relaxation, broadcast_shape
 
 # Units in the last place added outwards to the intercept of a line that is not exact. The
 # rounding errors are at most ~5 units (the intercept's two operations, the slope's division of
@@ -88,7 +88,7 @@ def vertex_argmin(
     """Minimiser `(xh, x)` of `coeff_pre * xh + coeff_post * x` among the points `(xs[k],
     ys[k])` (each broadcastable to the inputs): the relaxed set is their convex hull, so a
     vertex attains the minimum. Ties go to the first point."""
-    full = torch.broadcast_shapes(coeff_pre.shape, coeff_post.shape, *(x.shape for x in xs))
+    full = broadcast_shape(coeff_pre.shape, coeff_post.shape, *(x.shape for x in xs))
     px = torch.stack([x.expand(full) for x in xs])
     py = torch.stack([y.expand(full) for y in ys])
     value = coeff_pre * px + coeff_post * py
@@ -101,7 +101,7 @@ def stacked_constraints(
 ) -> LinearConstraints:
     """`LinearConstraints` from lists of `(slope, intercept)` lines, broadcast to one shape and
     stacked on dim 0."""
-    shape = torch.broadcast_shapes(*(t.shape for line in lower_lines + upper_lines for t in line))
+    shape = broadcast_shape(*(t.shape for line in lower_lines + upper_lines for t in line))
 
     def stack(lines: list[tuple[Tensor, Tensor]], i: int) -> Tensor:
         return torch.stack([line[i].expand(shape) for line in lines])

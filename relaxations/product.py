@@ -16,7 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relaxations.base import MultiLinearBounds, MultiLinearConstraints, MultiRelaxation
+from relaxations.base import (
+    MultiLinearBounds,
+    MultiLinearConstraints,
+    MultiRelaxation,
+    broadcast_shape,
+)
 from relaxations.registry import register
 
 
@@ -57,7 +62,7 @@ class ProductRelaxation(MultiRelaxation):
         return corners.amin(0), corners.amax(0)
 
     def default_params(self, lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...]) -> Tensor:
-        shape = torch.broadcast_shapes(*(t.shape for t in (*lowers, *uppers)))
+        shape = broadcast_shape(*(t.shape for t in (*lowers, *uppers)))
         return lowers[0].new_full((*shape, 2), 0.5)
 
     def project(self, params: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relaxations.base import LinearBounds, LinearConstraints, Relaxation
+from relaxations.base import LinearBounds, LinearConstraints, Relaxation, broadcast_shape
 from relaxations.smooth import (
     BISECTION_STEPS,
     Fn,
@@ -216,7 +216,7 @@ def stack_constraints(lines: tuple[LinearBounds, ...]) -> LinearConstraints:
     """`LinearConstraints` from several `LinearBounds` (broadcast to one shape)."""
     low = [(x.lower_slope, x.lower_intercept) for x in lines]
     up = [(x.upper_slope, x.upper_intercept) for x in lines]
-    shape = torch.broadcast_shapes(*(t.shape for pair in low + up for t in pair))
+    shape = broadcast_shape(*(t.shape for pair in low + up for t in pair))
     stack = lambda pairs, k: torch.stack([p[k].expand(shape) for p in pairs])  # noqa: E731
     return LinearConstraints(stack(low, 0), stack(low, 1), stack(up, 0), stack(up, 1))
 

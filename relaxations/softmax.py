@@ -41,7 +41,12 @@ import math
 import torch
 from torch import Tensor
 
-from relaxations.base import MultiLinearBounds, MultiLinearConstraints, MultiRelaxation
+from relaxations.base import (
+    MultiLinearBounds,
+    MultiLinearConstraints,
+    MultiRelaxation,
+    broadcast_shape,
+)
 from relaxations.exp import clip_level
 from relaxations.registry import register
 from relaxations.smooth import (
@@ -67,7 +72,7 @@ def _relative_margin(lse: Tensor, m: int) -> Tensor:
 
 
 def _broadcast(lowers: tuple[Tensor, ...], uppers: tuple[Tensor, ...], *more: Tensor):
-    shape = torch.broadcast_shapes(*(t.shape for t in (*lowers, *uppers, *more)))
+    shape = broadcast_shape(*(t.shape for t in (*lowers, *uppers, *more)))
     return (
         tuple(t.expand(shape) for t in lowers),
         tuple(t.expand(shape) for t in uppers),

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,10 +43,11 @@ from relaxations import get_relaxation
 
 
 def common_shape(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, Act]:
-    """Both broadcast (per sample) to their common shape."""
+    """Both broadcast (per sample) to their common shape (numpy's rules: `torch.broadcast_shapes`
+    imports torch's symbolic shapes on its first call, 1.7 s of a fresh process's time)."""
     try:
-        out = torch.broadcast_shapes(lhs.value.shape, rhs.value.shape)
-    except RuntimeError as err:
+        out = np.broadcast_shapes(tuple(lhs.value.shape), tuple(rhs.value.shape))
+    except ValueError as err:
         raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape}") from err
     if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():
         raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape} over the batch")

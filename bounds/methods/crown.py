@@ -15,7 +15,8 @@ intervals and its bounds on the output.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -37,6 +38,7 @@ from bounds.methods.backward import (
     relaxation_bounds,
 )
 from bounds.methods.chunks import ChunkLinesFn, bound_in_chunks, predicted_past, unit_functionals
+from bounds.methods.copies import CopyChain, copy_chain, source_elements
 from bounds.methods.pacing import deadline_of, passed
 from bounds.methods.patches import (
     Windows,
@@ -343,6 +345,7 @@ def crown_intervals(
     durations = [] if durations is None else durations  # one chunk's seconds predict the next
     targets = set(needs_crown(graph) if targets is None else targets)
     given = given or {}
+    done: dict[str, Tensor] = {}  # per copied node, its elements bounded (`_through_copies`)
     for node in graph.nodes[1:]:
         iv = node_interval(node, [intervals[i] for i in node.inputs])
         if node.name in given:
@@ -352,14 +355,50 @@ def crown_intervals(
             if every_neuron:
                 index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
             if index.numel():
-                lines_for = constant_lines(default_lines(graph, intervals))
-                tracked = intervals if exact else None
-                low, up = bound_neurons(
-                    graph, node.name, index, box, lines_for, None, deadline, tracked, durations
-                )
-                iv = scatter_bounds(iv, index, low, up)
+                chain = copy_chain(graph, node.name)
+                bound = partial(_crown_neurons, graph, box, intervals, deadline, exact, durations)
+                if chain is None:
+                    iv = scatter_bounds(iv, index, *bound(node.name, index))
+                else:
+                    iv = _through_copies(graph, chain, index, intervals, given, bound, done)
         intervals[node.name] = iv
     return intervals
+
+
+def _crown_neurons(
+    graph: Graph, box: Interval, intervals: dict[str, Interval], deadline: float | None,
+    exact: bool, durations: list[float], name: str, index: Tensor,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`bound_neurons` on the flat `index` of node `name`, CROWN's lines from `intervals`."""
+    lines_for = constant_lines(default_lines(graph, intervals))
+    tracked = intervals if exact else None
+    return bound_neurons(graph, name, index, box, lines_for, None, deadline, tracked, durations)
+
+
+def _through_copies(
+    graph: Graph, chain: CopyChain, index: Tensor, intervals: dict[str, Interval],
+    given: dict[str, Interval], bound: Callable[[str, Tensor], tuple[Tensor, Tensor]],
+    done: dict[str, Tensor],
+) -> Interval:  # fmt: skip
+    """The interval of the copy at the end of `chain` once the source elements of its flat
+    `index` are bounded by CROWN (`bounds.methods.copies`; those in `done`, bounded already
+    for another copy, are not bounded again): the source's interval is tightened in
+    `intervals` and carried along the chain by its (exact) intervals, `given` applied."""
+    source = chain.source
+    first = source == graph.input.name or is_first_affine(graph, graph[source])
+    src = source_elements(chain, index, done.get(source))
+    if not first and src.numel():
+        intervals[source] = scatter_bounds(intervals[source], src, *bound(source, src))
+        mask = done.get(source)
+        if mask is None:
+            mask = torch.zeros(intervals[source].lower[0].numel(), dtype=torch.bool)
+        done[source] = mask.index_fill(0, src.cpu(), True)
+    iv = intervals[source]
+    for node in chain.nodes:
+        iv = node_interval(node, [iv])
+        if node.name in given:
+            iv = iv.intersect(given[node.name])
+    return iv
 
 
 def interval_bound(C: Tensor, output: Interval) -> Tensor:
