@@ -528,3 +528,19 @@ def test_semantics_real_files(name: str) -> None:
     text = gzip.decompress(path.read_bytes()).decode()
     n_points = 60 if "mnist" in name else 300
     _check_semantics(text, load_vnnlib(path), n_points=n_points, seed=1)
+
+
+def test_and_of_disjunctions_past_ten_thousand_terms():
+    """14 two-term disjunctions AND-ed: 16,384 DNF terms, read (the cap was 10,000; it is now
+    a flat OR's, MAX_TERMS, with memory capped by MAX_ENTRIES), each term its 14 rows."""
+    text = (
+        "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
+        "(assert (>= X_0 0))\n(assert (<= X_0 1))\n"
+        + "".join(f"(assert (or (<= Y_0 {i}) (<= Y_1 {i})))\n" for i in range(14))
+    )
+    (region,) = parse_vnnlib(text).regions
+    assert len(region.unsafe) == 2**14
+    first, last = region.unsafe[0], region.unsafe[-1]
+    assert first.A.shape == (14, 2) and last.A.shape == (14, 2)
+    assert first.A[:, 0].tolist() == [1.0] * 14 and last.A[:, 1].tolist() == [1.0] * 14
+    assert first.b.tolist() == [float(i) for i in range(14)]

@@ -206,7 +206,7 @@ HIDDEN = (
     + "(assert (<= Y[0] H[0]))\n"
 )
 HEAD = V2 + _net("[1]", "[2]")  # lines 1-5; BOX lines 6-7, the next assert is line 8
-BLOWUP = "(assert (and " + " ".join(f"(or (<= Y[0] {i}.0) (<= Y[1] {i}.0))" for i in range(14))
+BLOWUP = "(assert (and " + " ".join(f"(or (<= Y[0] {i}.0) (<= Y[1] {i}.0))" for i in range(18))
 
 BAD = [
     ("two-networks-one-unbounded", TWO_NETS, ("input A[0] has no lower bound",), 9),

@@ -62,7 +62,7 @@ def with_endings(text: str, ending: str) -> str:
 NESTED = 5000
 DEEP_AND = DECLS + BOX + "(assert\n" + "(and " * NESTED + "\n(<= Y_0 bad)" + ")" * (NESTED + 1)
 DEEP_TERM = DECLS + BOX + "(assert (<= Y_0\n" + "(- " * NESTED + "\n(max Y_0 1)" + ")" * NESTED
-BLOW_UP = DECLS + BOX + "(assert (or (<= Y_0 0) (<= Y_0 1)))\n" * 14  # 2**14 > MAX_TERMS
+BLOW_UP = DECLS + BOX + "(assert (or (<= Y_0 0) (<= Y_0 1)))\n" * 18  # 2**18 > MAX_TERMS
 
 CASES: dict[str, Case] = {
     # ------------------------------------------------------------------ file level (no line)
@@ -162,7 +162,7 @@ CASES: dict[str, Case] = {
     "missing_upper_bound": Case(file(DECLS + "(assert (>= X_0 0))\n" + OUT), 1, "no upper bound"),
     "no_output_constraint": Case(file(DECLS + BOX + "\n; no Y\n"), 6, "unsafe set is missing"),
     # ----------------------------------------------------------------------------- blow-ups
-    "dnf_blow_up": Case(file(BLOW_UP), 18, f"more than {MAX_TERMS} terms"),
+    "dnf_blow_up": Case(file(BLOW_UP), 22, f"more than {MAX_TERMS} terms"),
     "disjunction_too_long": Case(
         file(DECLS + BOX + "(assert (or\n" + "(<= Y_0 0)" * 101 + "))"),
         5,

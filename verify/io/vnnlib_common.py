@@ -30,12 +30,14 @@ import numpy as np
 from verify.errors import SpecificationError
 from verify.property import Polytope, Region
 
-MAX_TERMS = 10_000
-"""Largest number of DNF terms an AND of disjunctions expands to before raising (guards the
-cartesian product)."""
 MAX_DISJUNCTION = 250_000
 """Largest number of terms an OR lists (each written in the file: VNN-COMP's nn4sys has
 120,000; the file's size bounds it too)."""
+MAX_TERMS = MAX_DISJUNCTION
+"""Largest number of DNF terms an AND of disjunctions expands to before raising (guards the
+cartesian product before it is built): as many as a flat OR may list. What a property may hold
+in memory is capped by :data:`MAX_ENTRIES` (constraints over all terms, entries of its boxes and
+matrices) and its reading time by :data:`MAX_STEPS` and the verify deadline."""
 MAX_BYTES = 128 * 2**20
 """Largest file (and decompressed text) we read, in bytes (characters for :func:`parse_vnnlib`)."""
 MAX_STEPS = 10_000_000
