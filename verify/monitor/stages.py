@@ -3,38 +3,34 @@ layer (`nn.Linear`, `nn.Conv2d`), a BatchNorm of its output, an average pooling 
 
 A checksum reads `y`, the output of the last stage, and `x`, the input of the first, and holds
 
-    1^T y = c^T x + d,    |fl(y)_i - y_i| <= g (|L| |x| + |b|)_i
+    1^T y = c^T x + d,    |fl(y)_i - y_i| <= g (|L| |x|)_i + e_i
 
-for the whole chain's linear map `L`, its constant `b` and a relative error `g` of the chain's
-float evaluation (`Sums.error`). Each stage maps the pieces of the stages after it:
+for the whole chain's linear map `L` and constant `b` (`d = 1^T b`), with a relative error
+`g` and an absolute one `e` (`E = 1^T e`) of the chain's float evaluation. The stages:
 
 - the layer `y = L x + b0` scaled per output channel by `s` (1 without a BatchNorm):
-  `c = L^T s`, `a = |L|^T |s|`, `d = s^T b0`, `B = |s|^T |b0|` (the bias repeated over the
-  positions of a convolution's output); its own error `gamma_{n_c + 1}` (`n_c` products and
-  the bias per element; Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
-  Sec. 3.1);
+  `c = L^T s`, `a = |L|^T |s|`, `b = s b0` (the bias repeated over the positions of a
+  convolution's output); its own rounding `gamma_{n_c + 1} (|L| |x| + |b0|)` per element
+  (`n_c` products and the bias; Higham, Accuracy and Stability of Numerical Algorithms, 2nd
+  ed., Sec. 3.1): `g = gamma_{n_c + 1}`, `E = g 1^T |b|`;
 - a BatchNorm in eval mode after it, `z = s (y - mean) + beta`, `s = w / sqrt(var + eps)`:
-  `d += 1^T (beta - s mean)`, `B += 1^T (|beta| + |s mean|)` (per channel, times the
-  positions). The module evaluates it from its float parameters, in whatever order (`x alpha
-  + (beta - mean alpha)` with `alpha = w / sqrt(var + eps)` as ATen's CPU kernel does,
-  `(x - mean) / sqrt(var + eps) w + beta`, or cuDNN's), in at most `BN_ROUNDINGS` roundings
-  per element, each of relative error at most `u` (an approximate reciprocal square root
-  counts as two): `|fl(z) - z| <= gamma_{BN_ROUNDINGS} (|s| |y| + |s mean| + |beta|)`
-  (Higham, Lemma 3.3);
+  `b = s b0 + shift`, `shift = beta - s mean` per channel (its magnitude `B = 1^T |b|` after
+  any cancellation). The module evaluates it from its float parameters, in whatever order
+  (`y alpha + (beta - mean alpha)` with `alpha = w / sqrt(var + eps)` as ATen's CPU kernel
+  does, `(y - mean) / sqrt(var + eps) w + beta`, or cuDNN's), in at most `BN_ROUNDINGS`
+  roundings per element, each of relative error at most `u` (an approximate reciprocal
+  square root counts as two): `|fl(z) - z| <= gamma_{BN_ROUNDINGS} (|s| |fl(y)| + |s mean| +
+  |beta|)` (Higham, Lemma 3.3), so `g' = g + beta + g beta` and `E' = (1 + beta) E + beta
+  (1^T |s b0| + 1^T (|beta| + |s mean|))` (`beta` = that gamma; `_chain`);
 - an average pooling before it, `x' = P x` (`P >= 0`, windows of at most `k` elements, a sum
-  and at most two divisions): `c = P^T c`, `a = P^T a` (still `>= |c|`), its own error
-  `gamma_{k + 2}`.
+  and at most two divisions): `c = P^T c`, `a = P^T a` (still `>= |c|`), `g' = g_p + g + g_p
+  g` with `g_p = gamma_{k + 2}`: `|fl(y) - (L P x + b)| <= |L| g_p P |x| + g ((1 + g_p) |L| P
+  |x|) + e`, and `|L| P` is what `a` is built from (`P >= 0`).
 
-Stages in sequence compose as `g = g_1 + g_2 + g_1 g_2`: with `|fl(x') - P x| <= g_1 P |x|`
-and the next stage's error `g_2 (|L| |x'| + |b|)`, `|fl(y) - (L P x + b)| <= |L| g_1 P |x| +
-g_2 ((1 + g_1) |L| P |x| + |b|)`, and `|L| P` is the weight `a` is built from (`P >= 0`). A
-BatchNorm after the layer likewise: its error is relative to `|s| |fl(y)| <= |s| (1 + g_1)
-(|L| |x| + |b0|)` and to the constants in `B`. So the chain meets the tolerance of
-`verify.monitor.sums` with `g` in place of the single layer's `gamma_{n_c + 1}`.
-
-`Sums.folded` counts the float64 terms (and roundings) of each entry of `c`, `a` and `d`;
-`products` the roundings that may underflow (each within `2^-126` absolute beyond the relative
-model).
+So the chain meets the tolerance of `verify.monitor.sums` with `g` in place of the single
+layer's `gamma_{n_c + 1}` and `E` for its constant's rounding. `Sums.folded` counts the
+float64 terms (and roundings) of each entry of `c`, `a` and `d`; `products` the roundings
+that may underflow (each within `2^-126` absolute beyond the relative model).
 """
 
 from __future__ import annotations
@@ -62,19 +58,28 @@ def gamma(n: int, unit: float) -> float:
 @dataclass(frozen=True)
 class Sums:
     """The float64 pieces of one checksum (module docstring): `c`, `a` (over the flattened
-    values the check reads), `d`, `big_b` (`B`), `error` (`g`), `products`, `outputs` (`M`,
-    the elements of `y`), `terms` (`n_c`, the products of one element of the layer's output)
-    and `folded` (`r`)."""
+    values the check reads), `d`; `bias` (`B = 1^T |b|`, the exact constant of the chain, after
+    any cancellation), `slack` (`E`: the float evaluation of `y` errs by at most `g (|L| |x|)_i
+    + e_i` per element, `E = 1^T e`), `error` (`g`), `d_terms` (the sum of the magnitudes of
+    the terms of `d`, for its float64 rounding), `products`, `outputs` (`M`, the elements of
+    `y`), `terms` (`n_c`, the products of one element of the layer's output) and `folded`
+    (`r`)."""
 
     c: Tensor
     a: Tensor
     d: float
-    big_b: float
+    bias: float
+    slack: float
     error: float
+    d_terms: float
     products: int
     outputs: int
     terms: int
     folded: int
+
+
+# A BatchNorm's `(s, shift, magnitude)` per channel (`batch_norm_affine`).
+Affine = tuple[Tensor, Tensor, Tensor]
 
 
 def compose(first: float, second: float) -> float:
@@ -82,10 +87,10 @@ def compose(first: float, second: float) -> float:
     return first + second + first * second
 
 
-def linear_sums(module: nn.Module, op: LinearOp, shape, scale: Tensor | None,
+def linear_sums(module: nn.Module, op: LinearOp, shape, affine: Affine | None,
                 unit: float) -> Sums | None:  # fmt: skip
-    """The pieces of an `nn.Linear` computing `op` (exactly its weights), its outputs scaled
-    by `scale [m]` (None: 1), or None."""
+    """The pieces of an `nn.Linear` computing `op` (exactly its weights), followed by the
+    BatchNorm `affine` (`batch_norm_affine`; None: none), or None."""
     if (
         type(module) is not nn.Linear
         or module.weight.shape != op.weight.shape
@@ -97,16 +102,16 @@ def linear_sums(module: nn.Module, op: LinearOp, shape, scale: Tensor | None,
     if not _same(module, w64, b64):
         return None
     m, n = w64.shape
-    s = torch.ones(m, dtype=torch.float64) if scale is None else scale
-    return Sums(s @ w64, s.abs() @ w64.abs(), float(s @ b64), float(s.abs() @ b64.abs()),
-                gamma(n + 1, unit), m * n, m, n, m)  # fmt: skip
+    s = torch.ones(m, dtype=torch.float64) if affine is None else affine[0]
+    return _chain(s @ w64, s.abs() @ w64.abs(), b64, affine, gamma(n + 1, unit), unit,
+                  (m * n, m, n, m))  # fmt: skip
 
 
-def conv_sums(module: nn.Module, op: ConvOp, shape, scale: Tensor | None,
+def conv_sums(module: nn.Module, op: ConvOp, shape, affine: Affine | None,
               unit: float) -> Sums | None:  # fmt: skip
-    """The pieces of an `nn.Conv2d` computing `op` (exactly its weights and geometry), its
-    output channels scaled by `scale [C_out]` (None: 1), or None: `c = L^T s` and `a = |L|^T
-    |s|` are the adjoints of the convolution and of its absolute kernel applied to an output
+    """The pieces of an `nn.Conv2d` computing `op` (exactly its weights and geometry),
+    followed by the BatchNorm `affine` (None: none), or None: `c = L^T s` and `a = |L|^T |s|`
+    are the adjoints of the convolution and of its absolute kernel applied to an output
     holding `s` per channel (input-shaped, flattened)."""
     if (
         type(module) is not nn.Conv2d
@@ -124,17 +129,41 @@ def conv_sums(module: nn.Module, op: ConvOp, shape, scale: Tensor | None,
     b64 = _bias64(op.bias, w64.shape[0], w64)
     if not _same(module, w64, b64):
         return None
-    s = torch.ones(w64.shape[0], dtype=torch.float64) if scale is None else scale
+    s = torch.ones(w64.shape[0], dtype=torch.float64) if affine is None else affine[0]
     out = s.reshape(1, -1, 1, 1).expand(1, *op.out_shape)
     signed = ConvOp(w64, None, op.in_shape, op.stride, op.padding, op.dilation, op.groups)
     size = ConvOp(w64.abs(), None, op.in_shape, op.stride, op.padding, op.dilation, op.groups)
     c, a = signed.adjoint(out).reshape(-1), size.adjoint(out.abs()).reshape(-1)
-    spatial = op.out_shape[1] * op.out_shape[2]
-    outputs = op.out_shape[0] * spatial
+    outputs = int(torch.Size(op.out_shape).numel())
     terms = int(w64[0].numel())  # (C_in / groups) kh kw products per output element
     folded = max(int(w64.shape[0]) * int(w64[0, 0].numel()), outputs)
-    return Sums(c, a, float(s @ b64) * spatial, float(s.abs() @ b64.abs()) * spatial,
-                gamma(terms + 1, unit), outputs * terms, outputs, terms, folded)  # fmt: skip
+    positions = outputs // int(w64.shape[0])
+    return _chain(c, a, b64, affine, gamma(terms + 1, unit), unit,
+                  (outputs * terms, outputs, terms, folded), positions)  # fmt: skip
+
+
+def _chain(c: Tensor, a: Tensor, b0: Tensor, affine: Affine | None, error: float, unit: float,
+           counts: tuple[int, int, int, int], positions: int = 1) -> Sums:  # fmt: skip
+    """The pieces of a layer with bias `b0` (per channel, repeated over `positions`) and
+    `(products, outputs, terms, folded)` = `counts`, its own rounding `error (|L| |x| +
+    |b0|)` per element, and of the BatchNorm `affine` after it (module docstring): per element
+    `|fl(z) - z| <= |fl(y) - y| + beta (|fl(y)| + |beta_c| + |s_c mean_c|)`, so `g' = g + beta
+    + g beta`, `E' = (1 + beta) E + beta (1^T |s b0| + 1^T magnitude)`, the exact constant
+    `s b0 + shift` (its magnitude after any cancellation), `beta = gamma_BN_ROUNDINGS`."""
+    products, outputs, terms, folded = counts
+    if affine is None:
+        layer = float(b0.abs().sum()) * positions
+        return Sums(c, a, float(b0.sum()) * positions, layer, error * layer, error, layer,
+                    products, outputs, terms, folded)  # fmt: skip
+    s, shift, magnitude = affine
+    layer = float((s * b0).abs().sum()) * positions  # |s b0|, the scaled layer bias
+    spread = float(magnitude.sum()) * positions
+    exact = s * b0 + shift
+    beta = gamma(BN_ROUNDINGS, unit)
+    return Sums(c, a, float(exact.sum()) * positions, float(exact.abs().sum()) * positions,
+                (1 + beta) * error * layer + beta * (layer + spread), compose(error, beta),
+                layer + spread, products + BN_ROUNDINGS * outputs, outputs, terms,
+                folded + 8)  # fmt: skip
 
 
 def _bias64(bias: Tensor | None, rows: int, like: Tensor) -> Tensor:
@@ -149,8 +178,7 @@ def _same(module: nn.Module, w64: Tensor, b64: Tensor) -> bool:
     )
 
 
-def batch_norm_affine(bn: nn.Module, channels: int,
-                      dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor] | None:  # fmt: skip
+def batch_norm_affine(bn: nn.Module, channels: int, dtype: torch.dtype) -> Affine | None:
     """`(s, shift, magnitude)` per channel (float64) of a BatchNorm in eval mode: `z = s y +
     shift`, `shift = beta - s mean`, `magnitude = |beta| + |s mean|`; None when it is not one
     of `channels` channels with running statistics, or a scale is non-zero but so small that
@@ -172,16 +200,6 @@ def batch_norm_affine(bn: nn.Module, channels: int,
     if not bool(torch.isfinite(s).all()) or bool(((s != 0) & (s.abs() < smallest)).any()):
         return None
     return s, beta - s * mean, beta.abs() + (s * mean).abs()
-
-
-def with_batch_norm(layer: Sums, shift: Tensor, magnitude: Tensor, unit: float) -> Sums:
-    """The pieces of `layer` (built with the BatchNorm's scale) followed by its BatchNorm."""
-    spatial = layer.outputs // shift.numel()
-    return replace(layer, d=layer.d + spatial * float(shift.sum()),
-                   big_b=layer.big_b + spatial * float(magnitude.sum()),
-                   error=compose(layer.error, gamma(BN_ROUNDINGS, unit)),
-                   products=layer.products + BN_ROUNDINGS * layer.outputs,
-                   folded=layer.folded + 8)  # fmt: skip
 
 
 def pool_window(module: nn.Module, in_shape, out_shape) -> int | None:
@@ -217,5 +235,5 @@ def through_pool(layer: Sums, module: nn.Module, in_shape, unit: float) -> Sums 
                    folded=layer.folded + k + 2)  # fmt: skip
 
 
-__all__ = ["BN_ROUNDINGS", "Sums", "batch_norm_affine", "compose", "conv_sums", "gamma",
-           "linear_sums", "pool_window", "through_pool", "with_batch_norm"]  # fmt: skip
+__all__ = ["BN_ROUNDINGS", "Affine", "Sums", "batch_norm_affine", "compose", "conv_sums",
+           "gamma", "linear_sums", "pool_window", "through_pool"]  # fmt: skip

@@ -76,7 +76,6 @@ from verify.monitor.stages import (
     gamma,
     linear_sums,
     through_pool,
-    with_batch_norm,
 )
 
 FLOAT64_UNIT = 2.0**-53
@@ -112,23 +111,26 @@ class SumCheck:
 def _tolerance(sums: Sums, unit: float) -> tuple[float, float]:
     """`(k1, k0)` of the module docstring for the pieces `sums` (`verify.monitor.stages`): the
     chain's relative error `g` (a single layer: `gamma_{n_c+1}`), `M` outputs, `N` inputs
-    (the values the check reads), `r` float64 terms of each entry of `c`, `a` and `d`, `B`."""
+    (the values the check reads), `r` float64 terms of each entry of `c`, `a` and `d`, `B`, and
+    the absolute part `E` of the error of `y` (a single layer: `g B`)."""
     inputs, outputs, folded, g_y = int(sums.c.numel()), sums.outputs, sums.folded, sums.error
     e_c = unit * (1 + gamma(folded, FLOAT64_UNIT)) + gamma(folded, FLOAT64_UNIT)
     g_n, g_m, g_n1 = gamma(inputs, unit), gamma(outputs, unit), gamma(inputs + 1, unit)
-    s_y = (1 + g_m) * (1 + g_y)  # |fl(1^T y)| <= s_y (T + B)
+    s_y = (1 + g_m) * (1 + g_y)  # |fl(1^T y)| <= s_y T + (1 + g_m) (B + E)
     k = (
         g_y  # the rounding of y
         + g_m * (1 + g_y)  # of its sum
-        + e_c  # of the stored c and d
+        + e_c  # of the stored c
         + g_n1 * (s_y + 1 + e_c)  # of fl(1^T y) - c^T x (N + 1 terms)
         + unit * (1 + g_n1) * (s_y + 2 * (1 + e_c))  # of the window's arithmetic
     )
-    big_b = sums.big_b * (1 + 2 * gamma(folded, FLOAT64_UNIT))
+    # B and E enter through |fl(1^T y)|: its sum, the addmv and the window
+    k_b = g_m + (1 + g_m) * (g_n1 + unit * (1 + g_n1))
+    constant = k_b * sums.bias + (1 + k_b) * sums.slack + gamma(folded, FLOAT64_UNIT) * sums.d_terms
     # underflow: every product of y, c^T x and a^T |x| errs by at most 2^-150 (float32) beyond
     # the relative model (sums of subnormals are exact); 2^-126 each is far more than enough
     tiny = (sums.products + 2 * inputs + outputs + 8) * 2.0**-126
-    return 2 * k / (1 - g_n), 2 * k * big_b + tiny
+    return 2 * k / (1 - g_n), 2 * constant + tiny
 
 
 def sum_checks(
@@ -199,9 +201,8 @@ def _layer(node: fx.Node, gm: fx.GraphModule, op: LinearOp | ConvOp, shape, unit
     if affine is None:
         sums = build(module, own, shape, None, unit)
         return None if sums is None else (layer, layer, sums)
-    scale, shift, magnitude = affine
-    sums = build(module, own, shape, scale, unit)
-    return None if sums is None else (layer, node, with_batch_norm(sums, shift, magnitude, unit))
+    sums = build(module, own, shape, affine, unit)
+    return None if sums is None else (layer, node, sums)
 
 
 def _pooled(sums: Sums, pool: fx.Node, gm: fx.GraphModule, graph: Graph,
