@@ -1,6 +1,7 @@
 """Checksums through a BatchNorm and an average pooling (`verify.monitor.stages`, `chains`):
 the chain's sums are the modules' own (float64), the float tolerance never fails on any input
-(wild, in-domain, box corners, PGD-maximised; BatchNorm statistics that cancel), and an
+(wild, in-domain, box corners, PGD-maximised; BatchNorm statistics that cancel; padded,
+overlapping and repeated pooling windows), and an
 in-range fault at each site the chains newly cover (a BatchNorm's output and parameters, a
 pooled value, the ReLU before the pooling, a ReLU behind an identity) is caught while the
 ranges alone miss it. Fault-free outputs are bitwise those of the network."""
@@ -199,3 +200,59 @@ def test_batchnorm_parameter_faults_are_caught(buffer):
     assert not ranges_only.flagged.any()
     assert report.flagged.all()
     assert set(report.first_node) == {"layer2_1_bn1"}
+
+
+def pooled_net(pool: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """conv -> ReLU -> `pool` -> flatten -> linear, and conv -> ReLU -> `pool` -> conv, summed:
+    both layers' checksums go through the pooling."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.relu, self.pool = nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), pool
+            self.after = nn.Conv2d(3, 2, 1)
+            width = pool(torch.zeros(1, 3, 5, 7)).numel()
+            self.fc, self.fc2 = nn.Linear(width, 4), nn.Linear(2 * width // 3, 4)
+
+        def forward(self, x):
+            pooled = self.pool(self.relu(self.conv(x)))
+            return self.fc(torch.flatten(pooled, 1)) + self.fc2(
+                torch.flatten(self.after(pooled), 1)
+            )
+
+    torch.manual_seed(1)
+    net = Net().to(dtype).eval()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+POOLS = {
+    "avg_pad": lambda: nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
+    "avg_overlap": lambda: nn.AvgPool2d(2, stride=1, padding=1),
+    "adaptive": lambda: nn.AdaptiveAvgPool2d((3, 2)),  # overlapping windows
+    "adaptive_up": lambda: nn.AdaptiveAvgPool2d((6, 9)),  # repeated windows
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_checksums_through_poolings_hold_for_any_input(pool, dtype):
+    """Padded, overlapping and repeated windows: the checksums
+    through the pooling are the modules' own (float64) and never fail on wild inputs."""
+    net = pooled_net(POOLS[pool](), dtype)
+    shape = (2, 5, 7)
+    mon = verify.monitor(net, Box(-torch.ones(shape), torch.ones(shape)))
+    for name in ("fc", "after"):
+        assert (mon.sums[name].source, mon.sums[name].relu) == ("conv", True)
+    gen = torch.Generator().manual_seed(4)
+    scale = torch.logspace(-3, 3, 400, dtype=dtype).reshape(-1, 1, 1, 1)
+    x = torch.randn(400, *shape, dtype=dtype, generator=gen) * scale
+    free = {n: (-float("inf"), float("inf")) for n in mon.affine}
+    with torch.no_grad():
+        assert not mon.wrap(net, "detect", ranges=free).run(x)[1].flagged.any()
+        if dtype == torch.float64:
+            inner = torch.relu(net.conv(x[:20])).reshape(20, -1)
+            c = mon.sums["fc"].weights[0]
+            y = net.fc(torch.flatten(net.pool(torch.relu(net.conv(x[:20]))), 1)).sum(1)
+            torch.testing.assert_close(y, inner @ c + mon.sums["fc"].bias_sum, rtol=1e-9, atol=1e-6)
