@@ -110,9 +110,11 @@ no copy before an in-place ReLU). Fault-free: all variants' outputs equal the pl
 bit / flagged samples summed over the detect variants.
 digits_cnn: a torchvision-style ResNet-18 of width 4 (in-place ReLUs, BatchNorm, downsample
 convolutions) trained here on sklearn digits upsampled to 3x16x16; monitor: CROWN over the
-[0, 1] pixel box; "ours" = `wrap(net, "detect")` (ranges and checksums, the checksums of the
-convolutions before each BatchNorm included), the campaigns and baselines of the table above
-(SDC = top-1 changed; faults injected with `verify.monitor.faults`).
+[0, 1] pixel box; "ours" = `wrap(net, "detect")` (ranges and checksums: each convolution's
+checksum read after its BatchNorm, the classifier's through the average pooling), the
+campaigns and baselines of the table above (SDC = top-1 changed; faults injected with
+`verify.monitor.faults`); which faults escape, and why: `benchmarks/sdc_detection.py`
+(results/sdc_detection.md).
 """
 PRODUCTION = ("resnet18_cifar", "vgg11_cifar")
 ROWS = ("mnist256x2_box", "mnist256x2_ball", "mnist256x6_box", "mnist256x6_ball",

@@ -65,13 +65,13 @@ def test_conv_checksum_is_the_convolutions_own():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("name", ["odd", "conv", "residual"])
+@pytest.mark.parametrize("name", ["odd", "conv", "residual", "normalised", "bn_mlp"])
 def test_conv_checksums_hold_for_any_input(name, dtype):
     net, shape = odd_conv_net(dtype) if name == "odd" else make(name, dtype=dtype)
     lower, upper = box_of(shape, dtype)
     mon = monitor(net, Box(lower[0], upper[0]))
-    convs = [n for n, m in net.named_modules() if isinstance(m, nn.Conv2d)]
-    assert len([s for s in mon.sums if s in mon.affine]) >= len(convs)
+    layers = [n for n, m in net.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert len([s for s in mon.sums if s in mon.affine]) >= len(layers)
     free = {n: (-float("inf"), float("inf")) for n in mon.affine}
     wrapped = mon.wrap(net, "detect", ranges=free)
     points = torch.cat([wild_points(shape, dtype), uniform(lower, upper, 1500),

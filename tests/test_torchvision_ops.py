@@ -356,13 +356,13 @@ def test_detection_of_one_sample_as_in_a_batch(value):
 
 def test_checksums_of_convolutions_before_batchnorm():
     """The convolutions whose BatchNorm the graph folds get the checksum of the convolution
-    itself, flagged at the BatchNorm's node: a small kernel fault that stays inside every
-    range is caught there."""
+    and the BatchNorm as the module computes them, read after the BatchNorm and flagged at its
+    node: a small kernel fault that stays inside every range is caught there."""
     net, shape = model("resnet18_cifar", torch.float32)
     centre, lower, upper = ball(shape, 0.02, torch.float32)
     mon = verify.monitor(net, Ball(centre[0], 0.02), method="ibp", input_shape=shape)
     check = mon.sums["layer1_0_bn1"]
-    assert check.node == "layer1_0_conv1" and check.monitored == "layer1_0_bn1"
+    assert check.node == "layer1_0_bn1" and check.monitored == "layer1_0_bn1"
     assert {"bn1", "layer2_0_downsample_1", "fc"} <= set(mon.sums)
     x = box_samples(lower, upper, 16, seed=11)[0]
     ranges_only = mon.wrap(net, "detect", checksums=False)

@@ -58,7 +58,9 @@ ReLU of the previous pre-activation -- corrupted activations between layers that
 every range. `wrap(..., checksums=False)` leaves them out (the range checks alone); a number
 keeps those whose work relative to their layer's (`SumCheck.cost`) is at most it, a list of
 node names those nodes'. A layer followed by a BatchNorm (folded into it in the bound graph)
-gets the checksum of the layer as its module computes it, flagged at the BatchNorm's node.
+gets the checksum of the layer and the BatchNorm as its modules compute them, read after the
+BatchNorm; a layer reading an average pooling of a ReLU (a ResNet's `fc`) gets the checksum
+through the pooling, reading the ReLU's input (`verify.monitor.stages`).
 
 Shapes of a domain. `verify.bounds` takes its boxes with a batch axis (`lower` of shape
 `[batch, *input_shape]`, e.g. `[1, 64]`); a monitor's domain is one sample's box (`[*input_shape]`,

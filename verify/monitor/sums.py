@@ -48,6 +48,14 @@ corrupted weight or bias of the layer, a corrupted element of `y`, and -- when `
 layer's pre-activation `p` instead of reading `x`, so it covers the activation between the
 layers too. Its cost: one sum over `y` and two `[batch, N] x [N]` products per layer (and one
 ReLU where the input is an activation).
+
+Chains (`verify.monitor.stages`, `verify.monitor.chains`). A BatchNorm of the layer's output
+is folded into the check (`y` read after it; `c = L^T s`, `d` with its shift): a corrupted
+BatchNorm parameter, running statistic or output breaks the sum as a corrupted layer does. An
+average pooling between the ReLU and the layer (`fc(flatten(avgpool(relu(p))))`) is folded
+in too (`c = P^T W^T 1`): the check reads `p`, so a corrupted ReLU output or pooled value
+breaks it. In both cases the chain's float evaluation errs by a composed relative error `g`
+in place of `gamma_{n_c+1}` above (`stages.compose`), and the tolerance keeps its form.
 """
 
 from __future__ import annotations
@@ -60,12 +68,17 @@ from torch import Tensor, fx, nn
 from bounds.graph.graph import Graph
 from bounds.ops import ConvOp, LinearOp
 from bounds.types import Interval, rounded_down, rounded_up
+from verify.monitor.chains import inplace_users, input_chain, relu_call
+from verify.monitor.stages import (
+    Sums,
+    batch_norm_affine,
+    conv_sums,
+    gamma,
+    linear_sums,
+    through_pool,
+)
 
 FLOAT64_UNIT = 2.0**-53
-
-
-def _gamma(n: int, unit: float) -> float:
-    return n * unit / (1 - n * unit)
 
 
 @dataclass(frozen=True)
@@ -95,147 +108,29 @@ class SumCheck:
         return self.report or self.node
 
 
-_RELU_FUNCTIONS = (torch.relu, nn.functional.relu)
-_INPLACE_RELU_FUNCTIONS = (torch.relu_, nn.functional.relu_)
-
-
-def relu_call(node: fx.Node, gm: fx.GraphModule) -> bool | None:
-    """Whether `node` is a ReLU of its first argument, and how: None (not a ReLU), True (it
-    overwrites its input: `nn.ReLU(inplace=True)`, `F.relu(x, inplace=True)`, `x.relu_()`,
-    `torch.relu_`) or False (`nn.ReLU()`, `torch.relu`, `F.relu`, `x.relu()`)."""
-    if node.op == "call_module":
-        module = gm.get_submodule(node.target)
-        return bool(module.inplace) if type(module) is nn.ReLU else None
-    if len(node.args) != 1 or not isinstance(node.args[0], fx.Node):
-        return None
-    if set(node.kwargs) - {"inplace"}:
-        return None
-    if node.op == "call_method" and node.target in ("relu", "relu_"):
-        return node.target == "relu_"
-    if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
-        return bool(node.kwargs.get("inplace", False))
-    if node.op == "call_function" and node.target in _INPLACE_RELU_FUNCTIONS:
-        return True
-    return None
-
-
-def _is_relu(node: fx.Node, gm: fx.GraphModule) -> bool:
-    return relu_call(node, gm) is not None
-
-
-def _is_flatten(node: fx.Node, gm: fx.GraphModule) -> bool:
-    if node.op == "call_module":
-        sub = gm.get_submodule(node.target)
-        return type(sub) is nn.Flatten and sub.start_dim == 1 and sub.end_dim == -1
-    return (
-        node.op == "call_function"
-        and node.target is torch.flatten
-        and tuple(node.args[1:]) == (1,)
-        and not node.kwargs
-    )
-
-
-def _input_chain(node: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, fx.Node | None, bool] | None:
-    """`(source, relu, flatten)`: the layer input is `[flatten](relu(source))` (`relu`: the
-    ReLU node) or `[flatten](source)`, peeling at most one flatten and one ReLU (either
-    order)."""
-    x = node.args[0]
-    relu, flatten = None, False
-    for _ in range(2):
-        if not isinstance(x, fx.Node):
-            return None
-        if not flatten and _is_flatten(x, gm):
-            flatten, x = True, x.args[0]
-        elif relu is None and _is_relu(x, gm):
-            relu, x = x, x.args[0]
-        else:
-            break
-    return (x, relu, flatten) if isinstance(x, fx.Node) else None
-
-
-def _tolerance(
-    terms: int, outputs: int, inputs: int, folded: int, bias_abs: float, unit: float
-) -> tuple[float, float]:
-    """`(k1, k0)` of the module docstring: `terms` products per output element (`n_c`),
-    `outputs` elements (`M`), `inputs` elements (`N`), `folded` float64 terms of each entry of
-    `c`, `a` and of `d` (`r`), `bias_abs` = `B` (float64)."""
-    e_c = unit * (1 + _gamma(folded, FLOAT64_UNIT)) + _gamma(folded, FLOAT64_UNIT)
-    g_n, g_c1, g_m = _gamma(inputs, unit), _gamma(terms + 1, unit), _gamma(outputs, unit)
-    g_n1 = _gamma(inputs + 1, unit)
-    s_y = (1 + g_m) * (1 + g_c1)  # |fl(1^T y)| <= s_y (T + B)
+def _tolerance(sums: Sums, unit: float) -> tuple[float, float]:
+    """`(k1, k0)` of the module docstring for the pieces `sums` (`verify.monitor.stages`): the
+    chain's relative error `g` (a single layer: `gamma_{n_c+1}`), `M` outputs, `N` inputs
+    (the values the check reads), `r` float64 terms of each entry of `c`, `a` and `d`, `B`, and
+    the absolute part `E` of the error of `y` (a single layer: `g B`)."""
+    inputs, outputs, folded, g_y = int(sums.c.numel()), sums.outputs, sums.folded, sums.error
+    e_c = unit * (1 + gamma(folded, FLOAT64_UNIT)) + gamma(folded, FLOAT64_UNIT)
+    g_n, g_m, g_n1 = gamma(inputs, unit), gamma(outputs, unit), gamma(inputs + 1, unit)
+    s_y = (1 + g_m) * (1 + g_y)  # |fl(1^T y)| <= s_y T + (1 + g_m) (B + E)
     k = (
-        g_c1  # the rounding of y
-        + g_m * (1 + g_c1)  # of its sum
-        + e_c  # of the stored c and d
+        g_y  # the rounding of y
+        + g_m * (1 + g_y)  # of its sum
+        + e_c  # of the stored c
         + g_n1 * (s_y + 1 + e_c)  # of fl(1^T y) - c^T x (N + 1 terms)
         + unit * (1 + g_n1) * (s_y + 2 * (1 + e_c))  # of the window's arithmetic
     )
-    big_b = bias_abs * (1 + 2 * _gamma(folded, FLOAT64_UNIT))
+    # B and E enter through |fl(1^T y)|: its sum, the addmv and the window
+    k_b = g_m + (1 + g_m) * (g_n1 + unit * (1 + g_n1))
+    constant = k_b * sums.bias + (1 + k_b) * sums.slack + gamma(folded, FLOAT64_UNIT) * sums.d_terms
     # underflow: every product of y, c^T x and a^T |x| errs by at most 2^-150 (float32) beyond
     # the relative model (sums of subnormals are exact); 2^-126 each is far more than enough
-    tiny = (outputs * terms + 2 * inputs + outputs + 8) * 2.0**-126
-    return 2 * k / (1 - g_n), 2 * k * big_b + tiny
-
-
-def _linear_sums(module: nn.Module, op: LinearOp, shape) -> tuple | None:
-    """`(c, a, d, B, n_c, M, N, r)` (float64) of an `nn.Linear` computing `op`, or None."""
-    if (
-        type(module) is not nn.Linear
-        or module.weight.shape != op.weight.shape
-        or tuple(shape) != (op.weight.shape[0],)
-    ):
-        return None
-    w64 = op.weight.double()
-    b64 = _bias64(op.bias, w64.shape[0], w64)
-    if not _same(module, w64, b64):
-        return None
-    m, n = w64.shape
-    a = w64.abs().sum(0)
-    return w64.sum(0), a, float(b64.sum()), float(b64.abs().sum()), n, m, n, m
-
-
-def _conv_sums(module: nn.Module, op: ConvOp, shape) -> tuple | None:
-    """`(c, a, d, B, n_c, M, N, r)` (float64) of an `nn.Conv2d` computing `op`, or None: `c =
-    L^T 1` and `a = |L|^T 1` (the adjoint of the convolution, and of its absolute kernel,
-    applied to an all-ones output: input-shaped, flattened), `d = (H' W') 1^T b`."""
-    if (
-        type(module) is not nn.Conv2d
-        or module.padding_mode != "zeros"
-        or isinstance(module.padding, str)
-        or module.weight.shape != op.weight.shape
-        or tuple(module.stride) != tuple(op.stride)
-        or tuple(module.padding) != tuple(op.padding)
-        or tuple(module.dilation) != tuple(op.dilation)
-        or module.groups != op.groups
-        or tuple(shape) != tuple(op.out_shape)
-    ):
-        return None
-    w64 = op.weight.double()
-    b64 = _bias64(op.bias, w64.shape[0], w64)
-    if not _same(module, w64, b64):
-        return None
-    ones = torch.ones(1, *op.out_shape, dtype=torch.float64)
-    signed = ConvOp(w64, None, op.in_shape, op.stride, op.padding, op.dilation, op.groups)
-    size = ConvOp(w64.abs(), None, op.in_shape, op.stride, op.padding, op.dilation, op.groups)
-    c, a = signed.adjoint(ones).reshape(-1), size.adjoint(ones).reshape(-1)
-    spatial = op.out_shape[1] * op.out_shape[2]
-    outputs = op.out_shape[0] * spatial
-    terms = int(w64[0].numel())  # (C_in / groups) kh kw products per output element
-    folded = max(int(w64.shape[0]) * int(w64[0, 0].numel()), outputs)
-    return (c, a, float(b64.sum()) * spatial, float(b64.abs().sum()) * spatial, terms, outputs,
-            int(c.numel()), folded)  # fmt: skip
-
-
-def _bias64(bias: Tensor | None, rows: int, like: Tensor) -> Tensor:
-    return bias.double() if bias is not None else like.new_zeros(rows)
-
-
-def _same(module: nn.Module, w64: Tensor, b64: Tensor) -> bool:
-    """Whether the module holds the bound graph's weights (exactly)."""
-    own = module.bias if module.bias is not None else torch.zeros_like(b64)
-    return torch.equal(module.weight.detach().double(), w64) and torch.equal(
-        own.detach().double(), b64
-    )
+    tiny = (sums.products + 2 * inputs + outputs + 8) * 2.0**-126
+    return 2 * k / (1 - g_n), 2 * constant + tiny
 
 
 def sum_checks(
@@ -251,8 +146,8 @@ def sum_checks(
     weights when the monitor is built), keyed by node name; `bounds`: the float bounds of the
     graph nodes (a non-negative input needs no absolute value). A node that is a BatchNorm
     of a layer's output (folded into the layer's op by the graph) gets the checksum of the
-    layer as the module computes it, before the BatchNorm (its own weights), flagged at the
-    BatchNorm's node."""
+    layer and the BatchNorm as the module computes them (`_layer`), and a layer whose input
+    is an average pooling (of a ReLU) reads the pooling's input (`chains.input_chain`)."""
     by_name = {n.name: n for n in gm.graph.nodes}
     dtype = next((t.dtype for t in net.parameters() if t.is_floating_point()), torch.float32)
     out = {}
@@ -261,35 +156,63 @@ def sum_checks(
         op = graph[name].op
         if node is None or node.op != "call_module" or not isinstance(op, (LinearOp, ConvOp)):
             continue
-        layer = _normalised_layer(node, gm)
-        if layer is not None:  # the layer before the BatchNorm, with the module's weights
-            node, op = layer, _own_op(gm.get_submodule(layer.target), op)
-            if op is None:
+        found = _layer(node, gm, op, graph[name].shape, unit, dtype)
+        chain = None if found is None else input_chain(found[0], gm)
+        if chain is None or (isinstance(op, ConvOp) and chain.flatten):
+            continue
+        _, read, sums = found
+        if chain.pool is not None:
+            sums = _pooled(sums, chain.pool, gm, graph, unit)
+            if sums is None:
                 continue
-        module = gm.get_submodule(node.target)
-        shape = graph[name].shape
-        found = (_linear_sums if isinstance(op, LinearOp) else _conv_sums)(module, op, shape)
-        if found is None:
-            continue
-        chain = _input_chain(node, gm)
-        if chain is None or inplace_users(chain[0], gm, allowed=chain[1]):
-            continue
-        source, relu_node, flatten = chain
-        if isinstance(op, ConvOp) and flatten:
-            continue
-        c, a, d, big_b, terms, outputs, inputs, folded = found
-        relu = relu_node is not None
-        k1, k0 = _tolerance(terms, outputs, inputs, folded, big_b, unit)
-        a = a * (1 + 2 * _gamma(folded, FLOAT64_UNIT))
-        weights = torch.stack([c.to(dtype), rounded_up(a, dtype)]).contiguous()
-        held = graph[name].inputs[0]
-        absolute = not relu and not (held in bounds and bool((bounds[held].lower >= 0).all()))
-        out[name] = SumCheck(node.name, source.name, relu, flatten, absolute, weights, d,
-                             float(rounded_up(torch.tensor(k1), dtype)),
+        source = chain.source.name
+        absolute = chain.relu is None and not (
+            source in bounds and bool((bounds[source].lower >= 0).all()))  # fmt: skip
+        k1, k0 = _tolerance(sums, unit)
+        a = sums.a * (1 + 2 * gamma(sums.folded, FLOAT64_UNIT))
+        weights = torch.stack([sums.c.to(dtype), rounded_up(a, dtype)]).contiguous()
+        inputs = int(sums.c.numel())
+        out[name] = SumCheck(read.name, source, chain.relu is not None, chain.flatten, absolute,
+                             weights, sums.d, float(rounded_up(torch.tensor(k1), dtype)),
                              float(rounded_up(torch.tensor(k0), dtype)),
-                             (outputs + 2 * inputs) / (outputs * terms),
-                             None if node.name == name else name)  # fmt: skip
+                             (sums.outputs + 2 * inputs) / (sums.outputs * sums.terms),
+                             None if read.name == name else name)  # fmt: skip
     return out
+
+
+def _layer(node: fx.Node, gm: fx.GraphModule, op: LinearOp | ConvOp, shape, unit: float,
+           dtype: torch.dtype) -> tuple[fx.Node, fx.Node, Sums] | None:  # fmt: skip
+    """`(layer, read, sums)` of the monitored node `node`: the fx node of the layer whose input
+    chain the check reads, the node whose output is `y`, and the pieces. A BatchNorm of a
+    layer's output is a stage of its own (`y` read after it: a corrupted BatchNorm parameter,
+    output or layer output breaks the sum); where its scale is outside the error model
+    (`stages.batch_norm_affine`), the layer's own checksum, flagged at the BatchNorm's node."""
+    build = linear_sums if isinstance(op, LinearOp) else conv_sums
+    layer = _normalised_layer(node, gm)
+    if layer is None:
+        sums = build(gm.get_submodule(node.target), op, shape, None, unit)
+        return None if sums is None else (node, node, sums)
+    module = gm.get_submodule(layer.target)
+    own = _own_op(module, op)
+    if own is None:
+        return None
+    channels = int(own.weight.shape[0])
+    affine = batch_norm_affine(gm.get_submodule(node.target), channels, dtype)
+    if affine is None:
+        sums = build(module, own, shape, None, unit)
+        return None if sums is None else (layer, layer, sums)
+    sums = build(module, own, shape, affine, unit)
+    return None if sums is None else (layer, node, sums)
+
+
+def _pooled(sums: Sums, pool: fx.Node, gm: fx.GraphModule, graph: Graph,
+            unit: float) -> Sums | None:  # fmt: skip
+    """`sums` read through the average pooling `pool` (its graph node gives its input's
+    shape), or None."""
+    if pool.name not in {n.name for n in graph.nodes}:
+        return None
+    shape = graph[graph[pool.name].inputs[0]].shape
+    return through_pool(sums, gm.get_submodule(pool.target), shape, unit)
 
 
 def _normalised_layer(node: fx.Node, gm: fx.GraphModule) -> fx.Node | None:
@@ -313,20 +236,6 @@ def _own_op(module: nn.Module, folded: LinearOp | ConvOp) -> LinearOp | ConvOp |
         return ConvOp(weight, bias, folded.in_shape, folded.stride, folded.padding,
                       folded.dilation, folded.groups)  # fmt: skip
     return None
-
-
-def inplace_users(node: fx.Node, gm: fx.GraphModule, allowed: fx.Node | None = None) -> bool:
-    """Whether a user of `node` (other than `allowed`) may modify its value in place (a check
-    then keeps a copy)."""
-    for user in node.users:
-        if user is allowed:
-            continue
-        if user.op == "call_module" and getattr(gm.get_submodule(user.target), "inplace", False):
-            return True
-        name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
-        if user.kwargs.get("inplace") or (name.endswith("_") and not name.endswith("__")):
-            return True
-    return False
 
 
 class SumRecorder:
@@ -382,3 +291,7 @@ class SumRecorder:
         """`[batch, checks]`: the failed checksums (NaN fails)."""
         low, high = self._window()
         return (~((self.gaps >= low) & (self.gaps <= high))).T
+
+
+# `inplace_users` and `relu_call` (verify.monitor.chains) are re-exported for check.py
+__all__ = ["SumCheck", "SumRecorder", "inplace_users", "relu_call", "sum_checks"]
