@@ -219,6 +219,22 @@ def test_split_children_tile_the_parent():
     assert torch.equal(up[0, keep], upper[0, keep]) and torch.equal(lo[1, keep], lower[0, keep])
 
 
+def test_no_trial_split_on_a_dimension_the_root_holds_fixed():
+    """5 trial dimensions by default, but a box that varies 2 of its 6 inputs tries only those
+    2 (a split along a fixed dimension would bound two copies of its parent)."""
+    lower, upper = np.zeros(6), np.zeros(6)
+    upper[[1, 4]] = 1.0
+    region = Region(lower, upper, (Polytope(np.eye(2)[:1], np.array([-5.0])),))
+    runner = RegionBab(mlp([6, 5, 2], 0), region, BabConfig())
+    assert BabConfig().trial_dims == 5 and runner.brancher.k == 2
+    parent = Domains(runner.root[0], runner.root[1], torch.zeros(1, 1), torch.zeros(1),
+                     torch.zeros(1).long())  # fmt: skip
+    dims = runner.brancher.scores(parent).topk(runner.brancher.k, dim=1).indices
+    assert sorted(dims[0].tolist()) == [1, 4]
+    wide = Region(np.zeros(6), np.ones(6), region.unsafe)
+    assert RegionBab(mlp([6, 5, 2], 0), wide, BabConfig()).brancher.k == 5
+
+
 def test_batch_sizer_grows_to_the_cheaper_size_and_respects_time():
     sizer = BatchSizer(BabConfig(batch_size=32, max_batch=128))
     sizer.record(32, 0.32)  # 10 ms per domain
