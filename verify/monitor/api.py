@@ -103,6 +103,7 @@ from bounds.errors import (
 from bounds.graph.graph import Graph
 from bounds.ops import ActivationOp
 from bounds.types import Interval
+from kernels.range_check import available as range_check_available
 from verify.api import network_graph
 from verify.monitor.check import (
     MonitorMismatchError,
@@ -113,6 +114,7 @@ from verify.monitor.check import (
 )
 from verify.monitor.compiled import CompiledMonitoredNet, check_graph
 from verify.monitor.domain import Ball, Box, implied_shape, regions_box
+from verify.monitor.fused import fused_wrapper
 from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
 from verify.monitor.sums import SumCheck, sum_checks
 from verify.monitor.wrapped import MonitoredNet
@@ -271,6 +273,7 @@ class Monitor:
         checksums: bool | float | Sequence[str] = True,
         compile: bool = False,
         through_relu: bool = False,
+        fused: bool | None = None,
     ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -294,19 +297,26 @@ class Monitor:
                 below a lower end `lo <= 0` is not flagged: the ReLU maps it to the output of
                 the in-range `lo`), one reduction instead of two and no copy before an
                 in-place ReLU (`verify.monitor.check._Checker`).
+            fused: each check fused into the pass the network makes anyway
+                (`verify.monitor.fused`: a monitored node read by a ReLU is tested while the
+                ReLU is written, one pass; the same flags and outputs); None (default): where
+                the C kernel builds (`kernels.range_check.available()`) and values are not
+                kept; False: the eager checks.
 
         Returns:
             A module taking `[batch, *input_shape]` like `net`; its `.report` after each call
             has `flagged` `[batch]` and `first_node` per sample.
 
         Raises:
-            MonitorOptionError: an unknown action or node, or `compile=True` with clipping or
-                kept values.
+            MonitorOptionError: an unknown action or node, `compile=True` with clipping or
+                kept values, or `fused=True` with kept values.
             MonitorMismatchError: `net` is not the network the monitor was built on.
         """
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):
             raise MonitorOptionError("compile=True supports action='detect' without keep_values")
+        if fused and keep_values:
+            raise MonitorOptionError("fused=True keeps no values: use keep_values=False")
         names = self.select(nodes)
         self.admit(net)
         like = next(iter([*net.parameters(), *net.buffers()]), torch.zeros(()))
@@ -323,7 +333,9 @@ class Monitor:
                                through_relu)  # fmt: skip
         eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
         if not compile:
-            return eager
+            if fused is None:
+                fused = range_check_available() and not keep_values
+            return fused_wrapper(eager, shared_trace(net), sums, like) if fused else eager
         shared = all(r[0].shape[0] == 1 for r in chosen)
         graph = check_graph(shared_trace(net), names, chosen, sums, like, shared)
         return CompiledMonitoredNet(eager, graph, 1 if shared else self.regions)

@@ -1,0 +1,205 @@
+"""The checks of `verify.monitor` fused into the passes the network makes anyway
+(`wrap(..., fused=...)`, the default where the C kernel builds).
+
+The eager checker (`verify.monitor.check`) pays one or two extra passes over every monitored
+activation (its per-feature minimum and maximum over the batch), and a clamp where it clips: on a
+CPU whose activations do not fit in cache each pass costs about what the ReLU after it costs.
+Here every check is one call of `kernels.range_check`, which reads each value once:
+
+- a monitored node read only by a ReLU (`nn.ReLU`, in place or not, `F.relu`, `x.relu_()`)
+  gets the ReLU replaced by one pass that tests the node's values against their detection
+  range and writes the ReLU's output -- `relu(v)`, or for clipping the clamp to
+  `[max(lo, 0), max(hi, 0)]` (`relu(clamp(v, lo, hi))`, one clamp) -- in place where the
+  network's ReLU works in place or the node is a fresh tensor that only the ReLU reads;
+- any other monitored node gets a read-only test (detection) or one clamp (clipping; in place
+  where only the check reads the fresh tensor).
+
+The detection ranges are the eager checker's (`_Checker.lower`, `.upper`: a ReLU output's lower
+end `lo <= 0` is not tested, nor, with `through_relu`, that of a node only a ReLU reads), the
+clamps its clamps (one range per region with a region index per sample, else their hull), so
+flags and outputs are the eager wrapper's: the same comparisons, and writes that are a
+selection of input values (no rounding). The kernel writes per sample and node one flag byte,
+`[nodes, batch]`; the forward ends with one reduction over them (one host sync), and only a
+failure builds the per-node report. Checksums (`verify.monitor.sums`) are recorded as in the
+eager wrapper, right after their layer.
+
+The eager wrapper serves the calls this one would not see alike: gradients (the kernel writes
+outside autograd), several regions without a region index (detection's union semantics), and
+a fused-away ReLU module with hooks (an injected fault on it must run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+from torch.nn.modules import module as _module_hooks
+
+from kernels.range_check import range_check
+from verify.monitor.check import (
+    MonitorReport,
+    _Checker,
+    _first,
+    _fresh,
+    _fusable_relu,
+    _hooked,
+    clean_report,
+)
+from verify.monitor.sums import SumCheck, SumRecorder, relu_call
+from verify.monitor.wrapped import MonitoredNet
+
+
+def _table(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """`[R, *shape]` (or broadcastable to it) as a contiguous `[R, n]` table."""
+    return t.expand(t.shape[0], *shape).reshape(t.shape[0], -1).contiguous()
+
+
+class FusedChecker:
+    """The per-pass state of a fused forward and the calls its generated code makes: `check(x,
+    k, fresh)` for node `k`, `relu(h, k, inplace)` for node `k` and the ReLU that alone reads
+    it; `begin`/`end` bracket the forward (module docstring). The bounds are `eager`'s."""
+
+    def __init__(self, eager: _Checker, sums: SumRecorder | None) -> None:
+        self.names, self.detect, self.clip = eager.names, eager.detect, eager.clip
+        self.regions, self.sums = eager.regions, sums
+        shapes = eager.shapes
+        self.det_lo = [_table(t, s) if need else None
+                       for t, s, need in zip(eager.lower, shapes, eager.need_min)]  # fmt: skip
+        self.det_hi = [_table(t, s) for t, s in zip(eager.upper, shapes)]
+        hull = [(_table(lo[None], s), _table(hi[None], s))
+                for lo, hi, s in zip(eager.hull_lo, eager.hull_hi, shapes)]  # fmt: skip
+        table = hull if self.regions == 1 else [
+            (_table(lo, s), _table(hi, s))
+            for lo, hi, s in zip(eager.clip_lower, eager.clip_upper, shapes)]  # fmt: skip
+        self.clamps = {(by_region, relu): [(lo.clamp(min=0), hi.clamp(min=0)) if relu else (lo, hi)
+                                           for lo, hi in (table if by_region else hull)]
+                       for by_region in (False, True) for relu in (False, True)}  # fmt: skip
+        self._flags: dict[int, Tensor] = {}
+        self.flags: Tensor | None = None
+        self.region: Tensor | None = None
+        self.batch = 0
+
+    def begin(self, batch: int, region: Tensor | None) -> None:
+        self.batch = batch
+        self.region = region if self.regions > 1 else None
+        if self.detect:
+            if batch not in self._flags:  # one buffer per batch size (the last one kept)
+                self._flags = {batch: torch.ones(len(self.names), batch, dtype=torch.uint8,
+                                                 device=self.det_hi[0].device)}  # fmt: skip
+            self.flags = self._flags[batch]
+            if self.sums is not None:
+                self.sums.begin(batch)
+
+    def _call(self, x: Tensor, k: int, write: str, out: Tensor | None, relu: bool) -> None:
+        clamp = (None, None)
+        if write == "clamp":
+            clamp = self.clamps[self.region is not None, relu][k]
+        range_check(x, self.flags[k] if self.detect else None,
+                    det_lo=self.det_lo[k] if self.detect else None,
+                    det_hi=self.det_hi[k] if self.detect else None, clip_lo=clamp[0],
+                    clip_hi=clamp[1], write=write, out=out, region=self.region)  # fmt: skip
+
+    def check(self, x: Tensor, k: int, fresh: bool) -> Tensor:
+        if not self.clip:
+            self._call(x, k, "none", None, False)
+            return x
+        out = x if fresh else torch.empty_like(x)
+        self._call(x, k, "clamp", out, False)
+        return out
+
+    def relu(self, h: Tensor, k: int, inplace: bool) -> Tensor:
+        out = h if inplace else torch.empty_like(h)
+        self._call(h, k, "clamp" if self.clip else "relu", out, True)
+        return out
+
+    def end(self, output: Tensor) -> MonitorReport:
+        """The report of the pass: one reduction over the flags (and the checksums' test)."""
+        names, sums = self.names, self.sums
+        if not self.detect:
+            return clean_report(self.batch, names, output)
+        if not bool(self.flags.any()) and (sums is None or sums.holds()):
+            return clean_report(self.batch, names, output)
+        flags = self.flags.T.bool()  # a copy: the buffer is the next pass's
+        if sums is not None:
+            flags[:, sums.node_index] |= sums.flags()
+        return MonitorReport(flags.any(1), _first(flags, names), flags, names, output)
+
+
+def fuse_checks(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
+                sums: Sequence[SumCheck]) -> list[nn.Module]:  # fmt: skip
+    """Inserts `checker`'s calls into `gm` (a fresh shared trace) for the nodes `names` and
+    the checksum records of `sums` (detection); returns the ReLU modules fused away."""
+    graph = gm.graph
+    by_name = {n.name: n for n in graph.nodes}
+    relus: list[nn.Module] = []
+    for k, name in enumerate(names):
+        node = by_name[name]
+        relu = _fusable_relu(node, gm)
+        fresh = _fresh(node, gm)
+        if relu is not None:
+            if relu.op == "call_module":
+                relus.append(gm.get_submodule(relu.target))
+            inplace = bool(relu_call(relu, gm)) or fresh  # as the network would, or only ours
+            with graph.inserting_after(relu):
+                new = graph.call_function(checker.relu, (node, k, inplace))
+            relu.replace_all_uses_with(new)
+            graph.erase_node(relu)
+            by_name[relu.name] = new
+            continue
+        with graph.inserting_after(node):
+            new = graph.call_function(checker.check, (node, k, fresh))
+        node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
+    for j, check in enumerate(sums):
+        # right after the layer, before a fused in-place ReLU or clamp overwrites it
+        with graph.inserting_after(by_name[check.node]):
+            graph.call_function(checker.sums.record, (by_name[check.node],
+                                                      by_name[check.source], j))  # fmt: skip
+    graph.lint()
+    gm.recompile()
+    return relus
+
+
+class FusedMonitoredNet(MonitoredNet):
+    """`MonitoredNet` whose calls run the fused trace (`.fused`) where it sees what the eager
+    one (`.module`) sees (module docstring); `.fused_calls` counts them."""
+
+    def __init__(self, eager: MonitoredNet, gm: fx.GraphModule, checker: FusedChecker,
+                 relus: list[nn.Module]) -> None:  # fmt: skip
+        super().__init__(eager.module, eager._checker, eager.nodes, eager.input_shape,
+                         eager.dtype)  # fmt: skip
+        object.__setattr__(self, "fused", gm)  # not a submodule: it shares `.module`'s weights
+        self._fused_checker, self._relus = checker, relus
+        self._params = list(gm.parameters())
+        self.fused_calls = 0
+
+    def _eager_only(self, x: Any, region: Any) -> bool:
+        grad = torch.is_grad_enabled() and (
+            (isinstance(x, Tensor) and x.requires_grad) or any(p.requires_grad for p in self._params)
+        )
+        union = region is None and self._fused_checker.detect and self._checker.regions > 1
+        hooks = _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+        return grad or union or bool(hooks) or any(_hooked(m) for m in self._relus)
+
+    def run(self, x: Tensor, region: Any = None) -> tuple[Tensor, MonitorReport]:
+        if self._eager_only(x, region):
+            return super().run(x, region)
+        self._validate(x)
+        checker = self._fused_checker
+        checker.begin(x.shape[0], self._region(region, x))
+        y = self.fused(x)
+        self.fused_calls += 1
+        return y, checker.end(y)
+
+
+def fused_wrapper(eager: MonitoredNet, gm: fx.GraphModule, sums: Sequence[SumCheck],
+                  like: Tensor) -> FusedMonitoredNet:  # fmt: skip
+    """`eager` (its nodes, ranges, action) as a `FusedMonitoredNet` over `gm`, a fresh shared
+    trace of the same network; `sums`: the checksums `eager` records (detection)."""
+    names = eager.nodes
+    sums = list(sums) if eager._checker.detect else []
+    recorder = SumRecorder(sums, like, [names.index(c.monitored) for c in sums]) if sums else None
+    checker = FusedChecker(eager._checker, recorder)
+    relus = fuse_checks(gm, names, checker, sums)
+    return FusedMonitoredNet(eager, gm, checker, relus)
