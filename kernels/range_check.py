@@ -36,12 +36,13 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["available", "range_check", "range_check_reference"]
+__all__ = ["Side", "add_check", "add_check_reference", "available", "range_check", "range_check_reference"]
 
 _DETECT = ("none", "upper", "both")
 _WRITE = ("none", "relu", "clamp")
@@ -80,6 +81,67 @@ void rc_{suffix}_{detect}_{write}(int64_t rows, int64_t n, const T* x, T* out, c
 """
 
 
+# the residual add `s = a + b` of two activations (one IEEE addition, as torch's), each side
+# with its own mode: n (not monitored), d (detect), c (clamp), b (both: detect the raw value,
+# then clamp); `s` written as it is, as its ReLU, or clamped. Tables `t`: lo, hi, clamp lo,
+# clamp hi of a, then of b, then of s; flags `f`: a's, b's, s's.
+_SIDE_C = {
+    "d": "bad{i} |= !(v{i} <= hi{i}[j]); bad{i} |= !(v{i} >= lo{i}[j]);",
+    "c": "v{i} = v{i} >= cl{i}[j] ? v{i} : cl{i}[j]; v{i} = v{i} <= ch{i}[j] ? v{i} : ch{i}[j];",
+}
+_SIDE_C["b"] = _SIDE_C["d"] + " " + _SIDE_C["c"]
+_SIDE_C["n"] = ""
+_ADD = """
+void ra_{suffix}_{modes}_{relu}(int64_t rows, int64_t n, const T* a, const T* b, T* out,
+        const T* const* t, const int64_t* region, uint8_t* const* f) {{
+    for (int64_t r = 0; r < rows; ++r) {{
+        const int64_t o = region ? region[r] * n : 0;
+        const T* ar = a + r * n;
+        const T* br = b + r * n;
+        T* y = out + r * n;
+        const T* restrict lo0 = t[0] ? t[0] + o : 0; const T* restrict hi0 = t[1] ? t[1] + o : 0;
+        const T* restrict cl0 = t[2] ? t[2] + o : 0; const T* restrict ch0 = t[3] ? t[3] + o : 0;
+        const T* restrict lo1 = t[4] ? t[4] + o : 0; const T* restrict hi1 = t[5] ? t[5] + o : 0;
+        const T* restrict cl1 = t[6] ? t[6] + o : 0; const T* restrict ch1 = t[7] ? t[7] + o : 0;
+        const T* restrict lo2 = t[8] ? t[8] + o : 0; const T* restrict hi2 = t[9] ? t[9] + o : 0;
+        const T* restrict cl2 = t[10] ? t[10] + o : 0; const T* restrict ch2 = t[11] ? t[11] + o : 0;
+        int bad0 = 0, bad1 = 0, bad2 = 0;
+        for (int64_t j = 0; j < n; ++j) {{
+            T v0 = ar[j];
+            T v1 = br[j];
+            {side0}
+            {side1}
+            T v2 = v0 + v1;
+            {side2}
+            {relu_code}
+            y[j] = v2;
+        }}
+        if (f[0]) f[0][r] = (uint8_t)(bad0 != 0);
+        if (f[1]) f[1][r] = (uint8_t)(bad1 != 0);
+        if (f[2]) f[2][r] = (uint8_t)(bad2 != 0);
+        (void)lo0; (void)hi0; (void)cl0; (void)ch0; (void)lo1; (void)hi1; (void)cl1; (void)ch1;
+        (void)lo2; (void)hi2; (void)cl2; (void)ch2;
+    }}
+}}
+"""
+# per action, the modes of a monitored input and of the sum
+ADD_ACTIONS = {"detect": "d", "clip": "c", "both": "b"}
+
+
+def _add_functions(suffix: str) -> list[str]:
+    out = []
+    for mode in ADD_ACTIONS.values():
+        for ma in ("n", mode):
+            for mb in ("n", mode):
+                for relu in (0, 1):
+                    out.append(_ADD.format(
+                        suffix=suffix, modes=ma + mb + mode, relu=relu,
+                        side0=_SIDE_C[ma].format(i=0), side1=_SIDE_C[mb].format(i=1),
+                        side2=_SIDE_C[mode].format(i=2),
+                        relu_code="v2 = v2 < 0 ? (T)0 : v2;" if relu and mode == "d" else ""))  # fmt: skip
+    return out
+
+
 def _source() -> str:
     parts = ["#include <stdint.h>"]
     for dtype, ctype in _TYPES.items():
@@ -92,6 +154,7 @@ def _source() -> str:
                 parts.append(_FUNCTION.format(suffix=suffix, detect=detect, write=write,
                                               detect_code=_DETECT_C[detect],
                                               write_code=_WRITE_C[write]))  # fmt: skip
+        parts.extend(_add_functions(suffix))
         parts.append("#undef T")
     # the in-place case (`out == x`) reads each value before writing it: `restrict` is only
     # on the read-only pointers
@@ -159,10 +222,6 @@ def available() -> bool:
     return _library() is not None
 
 
-def _address(t: Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None else None
-
-
 def _check_args(x: Tensor, flags: Tensor | None, det_hi: Tensor | None, write: str,
                 out: Tensor | None) -> None:  # fmt: skip
     if write not in _WRITE:
@@ -206,25 +265,23 @@ _POOL: list[ThreadPoolExecutor] = []
 _SPLIT_AT = 1 << 20  # values per call below which one thread does it all
 
 
-def _run(fn, rows: int, n: int, item: int, args: list[int | None]) -> None:
-    """`fn` over all rows; split by rows over `torch.get_num_threads()` threads when large.
-    `args`: the addresses of x, out, det_lo, det_hi, clip_lo, clip_hi, region, flags."""
+def _split(call, rows: int, n: int) -> None:
+    """`call(start, stop)` over all rows; split by rows over `torch.get_num_threads()`
+    threads when the input is large (ctypes releases the GIL during each call)."""
     threads = min(torch.get_num_threads(), rows)
     if threads <= 1 or rows * n < _SPLIT_AT:
-        fn(ctypes.c_int64(rows), ctypes.c_int64(n), *map(ctypes.c_void_p, args))
+        call(0, rows)
         return
     if not _POOL or _POOL[0]._max_workers < threads:
         _POOL[:] = [ThreadPoolExecutor(threads)]
     cuts = [rows * i // threads for i in range(threads + 1)]
-    x, out, tables, region, flags = args[0], args[1], args[2:6], args[6], args[7]
-    jobs = []
-    for a, b in itertools.pairwise(cuts):
-        moved = [x + a * n * item, out and out + a * n * item, *tables,
-                 region and region + 8 * a, flags and flags + a]  # fmt: skip
-        jobs.append(_POOL[0].submit(fn, ctypes.c_int64(b - a), ctypes.c_int64(n),
-                                    *map(ctypes.c_void_p, moved)))  # fmt: skip
-    for job in jobs:
+    for job in [_POOL[0].submit(call, a, b) for a, b in itertools.pairwise(cuts)]:
         job.result()
+
+
+def _at(t: Tensor | None, start: int, n: int = 1) -> ctypes.c_void_p:
+    """The address of row `start` of `t` (`n` values a row), or NULL."""
+    return ctypes.c_void_p(None if t is None else t.data_ptr() + start * n * t.element_size())
 
 
 def _takes(x: Tensor, *others: Tensor | None) -> bool:
@@ -271,8 +328,98 @@ def range_check(x: Tensor, flags: Tensor | None = None, *, det_lo: Tensor | None
     fn = getattr(lib, f"rc_{suffix}_{detect}_{write}")
     rows = x.shape[0]
     n = x.numel() // rows if rows else 0
-    kept = (x, out if write != "none" else None, det_lo, det_hi, clip_lo, clip_hi, region,
-            flags if detect != "none" else None)  # fmt: skip
+    out = out if write != "none" else None
+    flags = flags if detect != "none" else None
+    tables = [_at(t, 0) for t in (det_lo, det_hi, clip_lo, clip_hi)]
+
+    def call(start: int, stop: int) -> None:
+        fn(ctypes.c_int64(stop - start), ctypes.c_int64(n), _at(x, start, n), _at(out, start, n),
+           *tables, _at(region, start), _at(flags, start))  # fmt: skip
+
     if rows:
-        _run(fn, rows, n, x.element_size(), [_address(t) for t in kept])
+        _split(call, rows, n)
     return out if write != "none" else x
+
+
+@dataclass(frozen=True)
+class Side:
+    """One operand (or the sum) of `add_check`: its detection tables `det = (lo, hi)` (`[R,
+    n]` each; a lower table of `-inf` where only the upper end matters), its clamp tables
+    `clamp = (lo, hi)`, and `flags` (`[rows]` uint8, written where `det` is given). An
+    operand with neither is taken as it is."""
+
+    det: tuple[Tensor, Tensor] | None = None
+    clamp: tuple[Tensor, Tensor] | None = None
+    flags: Tensor | None = None
+
+    @property
+    def mode(self) -> str:
+        return {(False, False): "n", (True, False): "d", (False, True): "c",
+                (True, True): "b"}[self.det is not None, self.clamp is not None]  # fmt: skip
+
+
+def _side_reference(v: Tensor, side: Side, pick) -> Tensor:
+    if side.det is not None:
+        lo, hi = (pick(t) for t in side.det)
+        side.flags.copy_((~(v <= hi) | ~(v >= lo)).any(1))
+    if side.clamp is not None:
+        lo, hi = (pick(t) for t in side.clamp)
+        v = torch.where(v >= lo, v, lo)
+        v = torch.where(v <= hi, v, hi)
+    return v
+
+
+def add_check_reference(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Side, Side],
+                        relu: bool, region: Tensor | None) -> Tensor:  # fmt: skip
+    """`add_check` in plain torch (any device)."""
+    rows = a.shape[0]
+
+    def pick(t: Tensor) -> Tensor:
+        return t[region] if region is not None else t[:1]
+
+    va = _side_reference(a.reshape(rows, -1), sides[0], pick)
+    vb = _side_reference(b.reshape(rows, -1), sides[1], pick)
+    v = _side_reference(va + vb, sides[2], pick)
+    if relu and sides[2].clamp is None:
+        v = torch.where(v < 0, torch.zeros((), dtype=v.dtype, device=v.device), v)
+    out.copy_(v.view_as(out))
+    return out
+
+
+def add_check(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Side, Side], *,
+              relu: bool = False, region: Tensor | None = None) -> Tensor:  # fmt: skip
+    """`out = a + b` (then its ReLU where `relu`), with each operand and the sum checked and/or
+    clamped (`sides`: a's, b's, the sum's) in one pass; `out` may be `a` or `b` (in place).
+
+    The sum's side must be monitored with the mode of the operands that are (detect, clamp or
+    both); with a clamp and `relu` its clamp tables are the ReLU's (`max(lo, 0)`, `max(hi,
+    0)`), which the kernel applies in place of the ReLU. Returns `out`."""
+    if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
+        raise ValueError("add_check takes a, b and out of one shape and dtype")
+    mode = sides[2].mode
+    if mode == "n" or any(side.mode not in ("n", mode) for side in sides[:2]):
+        raise ValueError(f"add_check: operand modes {sides[0].mode}{sides[1].mode} do not fit "
+                         f"the sum's {mode!r}")  # fmt: skip
+    if any(side.det is not None and (side.flags is None or side.flags.shape != (a.shape[0],))
+           for side in sides):  # fmt: skip
+        raise ValueError("add_check: a detected side needs flags of shape [rows]")
+    tables = [t for side in sides for pair in (side.det, side.clamp)
+              for t in (pair if pair is not None else (None, None))]  # fmt: skip
+    lib = _library()
+    if lib is None or not _takes(a, b, out, region, *tables, *(s.flags for s in sides)):
+        return add_check_reference(a, b, out, sides, relu, region)
+    suffix = str(a.dtype).split(".")[-1]
+    modes = sides[0].mode + sides[1].mode + mode
+    fn = getattr(lib, f"ra_{suffix}_{modes}_{int(relu)}")
+    rows = a.shape[0]
+    n = a.numel() // rows if rows else 0
+    table_array = (ctypes.c_void_p * 12)(*(_at(t, 0) for t in tables))
+
+    def call(start: int, stop: int) -> None:
+        flags = (ctypes.c_void_p * 3)(*(_at(side.flags, start) for side in sides))
+        fn(ctypes.c_int64(stop - start), ctypes.c_int64(n), _at(a, start, n), _at(b, start, n),
+           _at(out, start, n), table_array, _at(region, start), flags)  # fmt: skip
+
+    if rows:
+        _split(call, rows, n)
+    return out

@@ -30,6 +30,7 @@ a fused-away ReLU module with hooks (an injected fault on it must run).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 from torch import Tensor, fx, nn
 from torch.nn.modules import module as _module_hooks
 
-from kernels.range_check import range_check
+from kernels.range_check import Side, add_check, range_check
 from verify.monitor.check import (
     MonitorReport,
     _Checker,
@@ -76,6 +77,9 @@ class FusedChecker:
         self.clamps = {(by_region, relu): [(lo.clamp(min=0), hi.clamp(min=0)) if relu else (lo, hi)
                                            for lo, hi in (table if by_region else hull)]
                        for by_region in (False, True) for relu in (False, True)}  # fmt: skip
+        inf = float("inf")
+        self.det_pair = [(lo if lo is not None else torch.full_like(hi, -inf), hi)
+                         for lo, hi in zip(self.det_lo, self.det_hi)]  # fmt: skip
         self._flags: dict[int, Tensor] = {}
         self.flags: Tensor | None = None
         self.region: Tensor | None = None
@@ -114,6 +118,29 @@ class FusedChecker:
         self._call(h, k, "clamp" if self.clip else "relu", out, True)
         return out
 
+    def _side(self, k: int, relu: bool) -> Side:
+        if k < 0:
+            return Side()
+        clamp = self.clamps[self.region is not None, relu][k] if self.clip else None
+        if not self.detect:
+            return Side(clamp=clamp)
+        return Side(self.det_pair[k], clamp, self.flags[k])
+
+    def add(self, a: Tensor, b: Tensor, ka: int, kb: int, k: int, relu: bool,
+            into: int) -> Tensor:  # fmt: skip
+        """`a + b` (node `k`; the operands nodes `ka`, `kb`, or -1 where not monitored here),
+        then its ReLU where `relu`, checked in one pass; written into `a` (`into` 0), `b` (1)
+        or a new tensor (-1). Operands of other shapes (broadcasting) take the checks one by
+        one."""
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype):  # fmt: skip
+            a = self.check(a, ka, False) if ka >= 0 else a
+            b = self.check(b, kb, False) if kb >= 0 else b
+            return self.relu(a + b, k, True) if relu else self.check(a + b, k, True)
+        out = a if into == 0 else (b if into == 1 else torch.empty_like(a))
+        sides = (self._side(ka, False), self._side(kb, False), self._side(k, relu))
+        return add_check(a, b, out, sides, relu=relu, region=self.region)
+
     def end(self, output: Tensor) -> MonitorReport:
         """The report of the pass: one reduction over the flags (and the checksums' test)."""
         names, sums = self.names, self.sums
@@ -134,7 +161,10 @@ def fuse_checks(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
     graph = gm.graph
     by_name = {n.name: n for n in graph.nodes}
     relus: list[nn.Module] = []
+    done = _fuse_adds(gm, names, checker, by_name, relus)
     for k, name in enumerate(names):
+        if name in done:
+            continue
         node = by_name[name]
         relu = _fusable_relu(node, gm)
         fresh = _fresh(node, gm)
@@ -159,6 +189,42 @@ def fuse_checks(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
     graph.lint()
     gm.recompile()
     return relus
+
+
+_ADDS = (operator.add, operator.iadd, torch.add)
+
+
+def _fuse_adds(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
+               by_name: dict[str, fx.Node], relus: list[nn.Module]) -> set[str]:  # fmt: skip
+    """Replaces each monitored residual add `a + b` (with the ReLU that alone reads it, and
+    the checks of the monitored operands that only it reads) by one `checker.add` call, in
+    place into an operand that only the add reads (or that `+=` overwrites); returns the
+    names whose checks it took."""
+    graph, done = gm.graph, set()
+    for k, name in enumerate(names):
+        node = by_name[name]
+        if not (node.op == "call_function" and node.target in _ADDS and not node.kwargs
+                and len(node.args) == 2 and all(isinstance(a, fx.Node) for a in node.args)
+                and node.args[0] is not node.args[1]):  # fmt: skip
+            continue
+        a, b = node.args
+        ka, kb = (names.index(v.name) if v.name in names and len(v.users) == 1 else -1
+                  for v in (a, b))  # fmt: skip
+        into = 0 if node.target is operator.iadd or _fresh(a, gm) else (1 if _fresh(b, gm) else -1)
+        relu = _fusable_relu(node, gm)
+        with graph.inserting_after(node):
+            new = graph.call_function(checker.add, (a, b, ka, kb, k, relu is not None, into))
+        if relu is not None:
+            if relu.op == "call_module":
+                relus.append(gm.get_submodule(relu.target))
+            relu.replace_all_uses_with(new)
+            graph.erase_node(relu)
+            by_name[relu.name] = new
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        by_name[name] = new
+        done |= {name} | {names[i] for i in (ka, kb) if i >= 0}
+    return done
 
 
 class FusedMonitoredNet(MonitoredNet):
