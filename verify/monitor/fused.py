@@ -20,7 +20,10 @@ clamps its clamps (one range per region with a region index per sample, else the
 flags and outputs are the eager wrapper's: the same comparisons, and writes that are a
 selection of input values (no rounding). The kernel writes per sample and node one flag byte,
 `[nodes, batch]`; the forward ends with one reduction over them (one host sync), and only a
-failure builds the per-node report. Checksums (`verify.monitor.sums`) are recorded as in the
+failure builds the per-node report. With both actions ("both") the flags of the nodes after
+a clamped value are those of the clipped forward (what the network computed), where the eager
+wrapper reports its first, unclipped pass (NaN propagated, or with a region index no clamps);
+the per-sample flags and the first flagged node are the same. Checksums (`verify.monitor.sums`) are recorded as in the
 eager wrapper, right after their layer.
 
 The eager wrapper serves the calls this one would not see alike: gradients (the kernel writes
@@ -162,6 +165,7 @@ def fuse_checks(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
     by_name = {n.name: n for n in graph.nodes}
     relus: list[nn.Module] = []
     done = _fuse_adds(gm, names, checker, by_name, relus)
+    fed: dict[str, fx.Node] = {}  # a node -> its fused ReLU's output (clamped, for clipping)
     for k, name in enumerate(names):
         if name in done:
             continue
@@ -176,16 +180,18 @@ def fuse_checks(gm: fx.GraphModule, names: Sequence[str], checker: FusedChecker,
                 new = graph.call_function(checker.relu, (node, k, inplace))
             relu.replace_all_uses_with(new)
             graph.erase_node(relu)
-            by_name[relu.name] = new
+            by_name[relu.name] = fed[name] = new
             continue
         with graph.inserting_after(node):
             new = graph.call_function(checker.check, (node, k, fresh))
         node.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
     for j, check in enumerate(sums):
-        # right after the layer, before a fused in-place ReLU or clamp overwrites it
+        # right after the layer, before a fused in-place ReLU or clamp overwrites it; a
+        # checksum that recomputes a ReLU reads the fused ReLU's output, what its layer read
+        source = fed.get(check.source) if check.relu else None
         with graph.inserting_after(by_name[check.node]):
             graph.call_function(checker.sums.record, (by_name[check.node],
-                                                      by_name[check.source], j))  # fmt: skip
+                                                      source or by_name[check.source], j))  # fmt: skip
     graph.lint()
     gm.recompile()
     return relus
