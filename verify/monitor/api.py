@@ -38,16 +38,15 @@ in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = cl
 hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
 output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 
-Cost. Each check is at least one pass over its node's values, a cost of its own on a CPU
-where the activations do not fit in cache, so the wrapper skips what it can: an in-place ReLU
-(`nn.ReLU(inplace=True)`, `x.relu_()`) after a node is fused as any ReLU, and clipping then
-clamps in place as the network would overwrite in place, as it does for a fresh tensor (a
-layer's or an add's output) that only its check reads; a ReLU output is checked from above
-only where its lower end is at most 0; batch 1 copies the values once (they are the extremes).
-`wrap(..., through_relu=True)` checks a node read only by a ReLU as the ReLU sees it (one
-reduction instead of two, no copy before an in-place ReLU; a value pushed below a lower end
-`lo <= 0` is then not flagged, as the ReLU makes it the output of `lo`). Measured on a CIFAR
-ResNet-18 and VGG-11 (`benchmarks/sdc_campaign.py --production`, results/sdc_production.md).
+Cost. Each eager check is at least one pass over its node's values, a cost of its own on a
+CPU where the activations do not fit in cache. By default (`wrap(..., fused=None)`, where the C
+kernel of `kernels/range_check.py` builds) the checks run fused into the passes the network
+makes anyway (`verify.monitor.fused`): a node read only by a ReLU is tested while the ReLU is
+written, a residual add with its operands' tests and its ReLU in one pass, in place where
+torchvision's blocks work in place; the same outputs and flags. `through_relu=True` checks a
+node read only by a ReLU as the ReLU sees it (a value pushed below a lower end `lo <= 0` is
+then not flagged: the ReLU makes it the output of `lo`). Measured on a CIFAR ResNet-18 and
+VGG-11 (`benchmarks/sdc_campaign.py --production`, results/sdc_production.md).
 
 Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
 checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed

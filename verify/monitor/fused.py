@@ -77,9 +77,11 @@ class FusedChecker:
         table = hull if self.regions == 1 else [
             (_table(lo, s), _table(hi, s))
             for lo, hi, s in zip(eager.clip_lower, eager.clip_upper, shapes)]  # fmt: skip
-        self.clamps = {(by_region, relu): [(lo.clamp(min=0), hi.clamp(min=0)) if relu else (lo, hi)
-                                           for lo, hi in (table if by_region else hull)]
-                       for by_region in (False, True) for relu in (False, True)}  # fmt: skip
+        # (by region, for a ReLU) -> the clamps; a ReLU's are `[max(lo, 0), max(hi, 0)]`
+        self.clamps = {} if not self.clip else {
+            (by_region, relu): [(lo.clamp(min=0), hi.clamp(min=0)) if relu else (lo, hi)
+                                for lo, hi in (table if by_region else hull)]
+            for by_region in {False, self.regions > 1} for relu in (False, True)}  # fmt: skip
         inf = float("inf")
         self.det_pair = [(lo if lo is not None else torch.full_like(hi, -inf), hi)
                          for lo, hi in zip(self.det_lo, self.det_hi)]  # fmt: skip
