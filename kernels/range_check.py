@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["Side", "add_check", "add_check_reference", "available", "range_check", "range_check_reference"]
+__all__ = ["AddCheck", "RangeCheck", "Side", "add_check", "add_check_reference", "available",
+           "range_check", "range_check_reference"]  # fmt: skip
 
 _DETECT = ("none", "upper", "both")
 _WRITE = ("none", "relu", "clamp")
@@ -197,6 +198,21 @@ def _build(source: str, target: Path) -> None:
         os.replace(lib, target)  # atomic: a concurrent process sees all or nothing
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    """The argument types of every kernel (ctypes then takes Python ints as 64-bit values and
+    addresses, None as NULL)."""
+    index, pointer = ctypes.c_int64, ctypes.c_void_p
+    for suffix in (str(d).split(".")[-1] for d in _TYPES):
+        for detect, write in itertools.product(_DETECT, _WRITE):
+            if (detect, write) != ("none", "none"):
+                fn = getattr(lib, f"rc_{suffix}_{detect}_{write}")
+                fn.argtypes, fn.restype = [index, index] + [pointer] * 8, None
+        for mode in ADD_ACTIONS.values():
+            for ma, mb, relu in itertools.product(("n", mode), ("n", mode), (0, 1)):
+                fn = getattr(lib, f"ra_{suffix}_{ma}{mb}{mode}_{relu}")
+                fn.argtypes, fn.restype = [index, index] + [pointer] * 6, None
+
+
 def _library() -> ctypes.CDLL | None:
     """The compiled kernels (built on first use), or None where no C compiler works."""
     if _LIB:
@@ -211,6 +227,7 @@ def _library() -> ctypes.CDLL | None:
             if not target.exists():
                 _build(source, target)
             lib = ctypes.CDLL(str(target))
+            _declare(lib)
         except (OSError, subprocess.SubprocessError):
             lib = None
     _LIB.append(lib)
@@ -279,9 +296,9 @@ def _split(call, rows: int, n: int) -> None:
         job.result()
 
 
-def _at(t: Tensor | None, start: int, n: int = 1) -> ctypes.c_void_p:
+def _at(t: Tensor | None, start: int, n: int = 1) -> int | None:
     """The address of row `start` of `t` (`n` values a row), or NULL."""
-    return ctypes.c_void_p(None if t is None else t.data_ptr() + start * n * t.element_size())
+    return None if t is None else t.data_ptr() + start * n * t.element_size()
 
 
 def _takes(x: Tensor, *others: Tensor | None) -> bool:
@@ -291,6 +308,57 @@ def _takes(x: Tensor, *others: Tensor | None) -> bool:
     return all(t is None or (t.device.type == "cpu" and t.is_contiguous()
                              and t.dtype in (x.dtype, torch.int64, torch.uint8))
                for t in others)  # fmt: skip
+
+
+def _fast(x: Tensor, dtype: torch.dtype, *others: Tensor | None) -> bool:
+    """Whether a prepared kernel of `dtype` takes `x` and the per-call tensors `others`
+    (CPU, contiguous; their dtypes are the caller's to get right)."""
+    return (x.dtype == dtype and x.is_cpu and x.is_contiguous()
+            and all(t is None or (t.is_cpu and t.is_contiguous()) for t in others))  # fmt: skip
+
+
+class RangeCheck:
+    """`range_check` with its tables fixed and validated once: `(x, flags, out, region)` per
+    call costs a few checks and the kernel (a batch-1 inference calls one per node)."""
+
+    def __init__(self, det_lo: Tensor | None, det_hi: Tensor | None, clip_lo: Tensor | None,
+                 clip_hi: Tensor | None, write: str) -> None:  # fmt: skip
+        if write not in _WRITE:
+            raise ValueError(f"write must be one of {', '.join(_WRITE)}; got {write!r}")
+        if write == "clamp" and (clip_lo is None or clip_hi is None):
+            raise ValueError("write='clamp' needs clip_lo and clip_hi")
+        self.tables, self.write = (det_lo, det_hi, clip_lo, clip_hi), write
+        self.detect = "none" if det_hi is None else ("upper" if det_lo is None else "both")
+        # the tables give the kernel's dtype (without any: the reference, or nothing to do)
+        like = det_hi if det_hi is not None else (clip_lo if write == "clamp" else None)
+        lib, self.fn = _library(), None
+        if lib is not None and like is not None and _takes(like, *self.tables):
+            suffix = str(like.dtype).split(".")[-1]
+            self.fn = getattr(lib, f"rc_{suffix}_{self.detect}_{write}")
+            self.dtype, self.addresses = like.dtype, [_at(t, 0) for t in self.tables]
+
+    def __call__(self, x: Tensor, flags: Tensor | None = None, out: Tensor | None = None,
+                 region: Tensor | None = None) -> Tensor:  # fmt: skip
+        write, detect = self.write, self.detect != "none"
+        if self.fn is None or not _fast(x, self.dtype, out, region, flags):
+            _check_args(x, flags, self.tables[1], write, out)
+            return range_check_reference(x, flags, *self.tables, write, out, region)
+        if (write != "none" and (out is None or out.shape != x.shape or out.dtype != x.dtype)) \
+                or (detect and (flags is None or flags.shape != (x.shape[0],))):  # fmt: skip
+            _check_args(x, flags, self.tables[1], write, out)  # its error
+        rows = x.shape[0]
+        n = x.numel() // rows if rows else 0
+        out = out if write != "none" else None
+        flags = flags if detect else None
+        fn, tables = self.fn, self.addresses
+
+        def call(start: int, stop: int) -> None:
+            fn(stop - start, n, _at(x, start, n), _at(out, start, n), *tables, _at(region, start),
+               _at(flags, start))  # fmt: skip
+
+        if rows and (detect or write != "none"):
+            _split(call, rows, n)
+        return out if write != "none" else x
 
 
 def range_check(x: Tensor, flags: Tensor | None = None, *, det_lo: Tensor | None = None,
@@ -313,32 +381,7 @@ def range_check(x: Tensor, flags: Tensor | None = None, *, det_lo: Tensor | None
     Returns:
         `out` (or `x` for `write="none"`).
     """
-    _check_args(x, flags, det_hi, write, out)
-    lib = _library()
-    tensors = (out, det_lo, det_hi, clip_lo, clip_hi, region, flags)
-    if lib is None or not _takes(x, *tensors):
-        return range_check_reference(x, flags, det_lo, det_hi, clip_lo, clip_hi, write, out,
-                                     region)  # fmt: skip
-    if write == "clamp" and (clip_lo is None or clip_hi is None):
-        raise ValueError("write='clamp' needs clip_lo and clip_hi")
-    detect = "none" if det_hi is None else ("upper" if det_lo is None else "both")
-    if detect == "none" and write == "none":
-        return x
-    suffix = str(x.dtype).split(".")[-1]
-    fn = getattr(lib, f"rc_{suffix}_{detect}_{write}")
-    rows = x.shape[0]
-    n = x.numel() // rows if rows else 0
-    out = out if write != "none" else None
-    flags = flags if detect != "none" else None
-    tables = [_at(t, 0) for t in (det_lo, det_hi, clip_lo, clip_hi)]
-
-    def call(start: int, stop: int) -> None:
-        fn(ctypes.c_int64(stop - start), ctypes.c_int64(n), _at(x, start, n), _at(out, start, n),
-           *tables, _at(region, start), _at(flags, start))  # fmt: skip
-
-    if rows:
-        _split(call, rows, n)
-    return out if write != "none" else x
+    return RangeCheck(det_lo, det_hi, clip_lo, clip_hi, write)(x, flags, out, region)
 
 
 @dataclass(frozen=True)
@@ -386,6 +429,53 @@ def add_check_reference(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Si
     return out
 
 
+class AddCheck:
+    """`add_check` with its tables fixed and validated once (`sides`: a's, b's and the sum's
+    `Side`, their flags ignored): `(a, b, out, flags, region)` per call, `flags` the three
+    sides' (None where not detected)."""
+
+    def __init__(self, sides: tuple[Side, Side, Side], relu: bool) -> None:
+        mode = sides[2].mode
+        if mode == "n" or any(side.mode not in ("n", mode) for side in sides[:2]):
+            raise ValueError(f"add_check: operand modes {sides[0].mode}{sides[1].mode} do not "
+                             f"fit the sum's {mode!r}")  # fmt: skip
+        self.sides, self.relu = tuple(Side(s.det, s.clamp) for s in sides), relu
+        self.detected = [s.det is not None for s in sides]
+        tables = [t for side in sides for pair in (side.det, side.clamp)
+                  for t in (pair if pair is not None else (None, None))]  # fmt: skip
+        like = next(t for t in tables if t is not None)
+        lib, self.fn = _library(), None
+        if lib is not None and _takes(like, *tables):
+            suffix = str(like.dtype).split(".")[-1]
+            modes = sides[0].mode + sides[1].mode + mode
+            self.fn = getattr(lib, f"ra_{suffix}_{modes}_{int(relu)}")
+            self.dtype = like.dtype
+            self.table_array = (ctypes.c_void_p * 12)(*(_at(t, 0) for t in tables))
+
+    def __call__(self, a: Tensor, b: Tensor, out: Tensor,
+                 flags: tuple[Tensor | None, Tensor | None, Tensor | None],
+                 region: Tensor | None = None) -> Tensor:  # fmt: skip
+        if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
+            raise ValueError("add_check takes a, b and out of one shape and dtype")
+        if any(d and (f is None or f.shape != (a.shape[0],)) for d, f in zip(self.detected, flags)):
+            raise ValueError("add_check: a detected side needs flags of shape [rows]")
+        if self.fn is None or not _fast(a, self.dtype, b, out, region, *flags):
+            sides = tuple(Side(s.det, s.clamp, f) for s, f in zip(self.sides, flags))
+            return add_check_reference(a, b, out, sides, self.relu, region)
+        fn, table_array = self.fn, self.table_array
+        rows = a.shape[0]
+        n = a.numel() // rows if rows else 0
+
+        def call(start: int, stop: int) -> None:
+            at = (ctypes.c_void_p * 3)(*(_at(f, start) for f in flags))
+            fn(stop - start, n, _at(a, start, n), _at(b, start, n), _at(out, start, n),
+               table_array, _at(region, start), at)  # fmt: skip
+
+        if rows:
+            _split(call, rows, n)
+        return out
+
+
 def add_check(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Side, Side], *,
               relu: bool = False, region: Tensor | None = None) -> Tensor:  # fmt: skip
     """`out = a + b` (then its ReLU where `relu`), with each operand and the sum checked and/or
@@ -394,32 +484,4 @@ def add_check(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Side, Side],
     The sum's side must be monitored with the mode of the operands that are (detect, clamp or
     both); with a clamp and `relu` its clamp tables are the ReLU's (`max(lo, 0)`, `max(hi,
     0)`), which the kernel applies in place of the ReLU. Returns `out`."""
-    if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype):
-        raise ValueError("add_check takes a, b and out of one shape and dtype")
-    mode = sides[2].mode
-    if mode == "n" or any(side.mode not in ("n", mode) for side in sides[:2]):
-        raise ValueError(f"add_check: operand modes {sides[0].mode}{sides[1].mode} do not fit "
-                         f"the sum's {mode!r}")  # fmt: skip
-    if any(side.det is not None and (side.flags is None or side.flags.shape != (a.shape[0],))
-           for side in sides):  # fmt: skip
-        raise ValueError("add_check: a detected side needs flags of shape [rows]")
-    tables = [t for side in sides for pair in (side.det, side.clamp)
-              for t in (pair if pair is not None else (None, None))]  # fmt: skip
-    lib = _library()
-    if lib is None or not _takes(a, b, out, region, *tables, *(s.flags for s in sides)):
-        return add_check_reference(a, b, out, sides, relu, region)
-    suffix = str(a.dtype).split(".")[-1]
-    modes = sides[0].mode + sides[1].mode + mode
-    fn = getattr(lib, f"ra_{suffix}_{modes}_{int(relu)}")
-    rows = a.shape[0]
-    n = a.numel() // rows if rows else 0
-    table_array = (ctypes.c_void_p * 12)(*(_at(t, 0) for t in tables))
-
-    def call(start: int, stop: int) -> None:
-        flags = (ctypes.c_void_p * 3)(*(_at(side.flags, start) for side in sides))
-        fn(ctypes.c_int64(stop - start), ctypes.c_int64(n), _at(a, start, n), _at(b, start, n),
-           _at(out, start, n), table_array, _at(region, start), flags)  # fmt: skip
-
-    if rows:
-        _split(call, rows, n)
-    return out
+    return AddCheck(sides, relu)(a, b, out, tuple(s.flags for s in sides), region)

@@ -298,9 +298,9 @@ class Monitor:
                 in-place ReLU (`verify.monitor.check._Checker`).
             fused: each check fused into the pass the network makes anyway
                 (`verify.monitor.fused`: a monitored node read by a ReLU is tested while the
-                ReLU is written, one pass; the same flags and outputs); None (default): where
-                the C kernel builds (`kernels.range_check.available()`) and values are not
-                kept; False: the eager checks.
+                ReLU is written, one pass; the same flags and outputs); None (default): on
+                CPU where the C kernel builds (`kernels.range_check.available()`) and values
+                are not kept; False: the eager checks.
 
         Returns:
             A module taking `[batch, *input_shape]` like `net`; its `.report` after each call
@@ -333,7 +333,7 @@ class Monitor:
         eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
         if not compile:
             if fused is None:
-                fused = range_check_available() and not keep_values
+                fused = range_check_available() and like.device.type == "cpu" and not keep_values
             return fused_wrapper(eager, shared_trace(net), sums, like) if fused else eager
         shared = all(r[0].shape[0] == 1 for r in chosen)
         graph = check_graph(shared_trace(net), names, chosen, sums, like, shared)

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, fx, nn
 from torch.nn.modules import module as _module_hooks
 
-from kernels.range_check import Side, add_check, range_check
+from kernels.range_check import AddCheck, RangeCheck, Side
 from verify.monitor.check import (
     MonitorReport,
     _Checker,
@@ -85,30 +85,33 @@ class FusedChecker:
         inf = float("inf")
         self.det_pair = [(lo if lo is not None else torch.full_like(hi, -inf), hi)
                          for lo, hi in zip(self.det_lo, self.det_hi)]  # fmt: skip
-        self._flags: dict[int, Tensor] = {}
+        self._flags: dict[int, tuple[Tensor, list[Tensor]]] = {}
+        self._kernels: dict[tuple, RangeCheck | AddCheck] = {}  # prepared once per call site
         self.flags: Tensor | None = None
+        self.rows: list[Tensor] = []  # the flags' row of each node
         self.region: Tensor | None = None
         self.batch = 0
 
     def begin(self, batch: int, region: Tensor | None) -> None:
         self.batch = batch
-        self.region = region if self.regions > 1 else None
+        self.region = region.contiguous() if region is not None and self.regions > 1 else None
         if self.detect:
             if batch not in self._flags:  # one buffer per batch size (the last one kept)
-                self._flags = {batch: torch.ones(len(self.names), batch, dtype=torch.uint8,
-                                                 device=self.det_hi[0].device)}  # fmt: skip
-            self.flags = self._flags[batch]
+                flags = torch.ones(len(self.names), batch, dtype=torch.uint8,
+                                   device=self.det_hi[0].device)  # fmt: skip
+                self._flags = {batch: (flags, list(flags))}
+            self.flags, self.rows = self._flags[batch]
             if self.sums is not None:
                 self.sums.begin(batch)
 
     def _call(self, x: Tensor, k: int, write: str, out: Tensor | None, relu: bool) -> None:
-        clamp = (None, None)
-        if write == "clamp":
-            clamp = self.clamps[self.region is not None, relu][k]
-        range_check(x, self.flags[k] if self.detect else None,
-                    det_lo=self.det_lo[k] if self.detect else None,
-                    det_hi=self.det_hi[k] if self.detect else None, clip_lo=clamp[0],
-                    clip_hi=clamp[1], write=write, out=out, region=self.region)  # fmt: skip
+        key = (k, write, self.region is not None, relu)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            clamp = self.clamps[key[2], relu][k] if write == "clamp" else (None, None)
+            detect = (self.det_lo[k], self.det_hi[k]) if self.detect else (None, None)
+            kernel = self._kernels[key] = RangeCheck(*detect, *clamp, write)
+        kernel(x, self.rows[k] if self.detect else None, out, self.region)
 
     def check(self, x: Tensor, k: int, fresh: bool) -> Tensor:
         if not self.clip:
@@ -123,13 +126,11 @@ class FusedChecker:
         self._call(h, k, "clamp" if self.clip else "relu", out, True)
         return out
 
-    def _side(self, k: int, relu: bool) -> Side:
+    def _side(self, k: int, relu: bool, by_region: bool) -> Side:
         if k < 0:
             return Side()
-        clamp = self.clamps[self.region is not None, relu][k] if self.clip else None
-        if not self.detect:
-            return Side(clamp=clamp)
-        return Side(self.det_pair[k], clamp, self.flags[k])
+        clamp = self.clamps[by_region, relu][k] if self.clip else None
+        return Side(self.det_pair[k] if self.detect else None, clamp)
 
     def add(self, a: Tensor, b: Tensor, ka: int, kb: int, k: int, relu: bool,
             into: int) -> Tensor:  # fmt: skip
@@ -143,8 +144,14 @@ class FusedChecker:
             b = self.check(b, kb, False) if kb >= 0 else b
             return self.relu(a + b, k, True) if relu else self.check(a + b, k, True)
         out = a if into == 0 else (b if into == 1 else torch.empty_like(a))
-        sides = (self._side(ka, False), self._side(kb, False), self._side(k, relu))
-        return add_check(a, b, out, sides, relu=relu, region=self.region)
+        key = (ka, kb, k, relu, self.region is not None)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            sides = tuple(self._side(i, r, key[4]) for i, r in ((ka, False), (kb, False), (k, relu)))
+            kernel = self._kernels[key] = AddCheck(sides, relu)
+        rows = self.rows
+        flags = tuple(rows[i] if self.detect and i >= 0 else None for i in (ka, kb, k))
+        return kernel(a, b, out, flags, self.region)
 
     def end(self, output: Tensor) -> MonitorReport:
         """The report of the pass: one reduction over the flags (and the checksums' test)."""
