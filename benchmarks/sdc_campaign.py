@@ -117,6 +117,10 @@ detect (ranges) +18.7%, + checksums +24.2%. Tried and dropped: Inductor (`torch.
 a ReLU + range-test function per layer does not fuse the reduction into the ReLU's loop (it
 emits two loops over the activation: 34 ms against 7 ms for the in-place ReLU at 256x64x32x32);
 the C kernel's loop built for the baseline x86-64 was 1.5x slower than with `-march=native`.
+Measured: the table's resnet18/vgg11/mnist/digits rows at commit 902b1e7 (`--production --rows
+resnet18_cifar,vgg11_cifar,mnist256x2_box,mnist256x6_ball,digits_box`; digits_cnn is an
+earlier run's); sdc_production_rerun.md: resnet18_cifar again at 659eb6c (kernel launchers
+prepared once per node; `--rows resnet18_cifar --name sdc_production_rerun`).
 digits_cnn: a torchvision-style ResNet-18 of width 4 (in-place ReLUs, BatchNorm, downsample
 convolutions) trained here on sklearn digits upsampled to 3x16x16; monitor: CROWN over the
 [0, 1] pixel box; "ours" = `wrap(net, "detect")` (ranges and checksums, the checksums of the
