@@ -104,10 +104,23 @@ the ball. The mnist/digits rows are the campaign's rows above (their own domains
 Columns: "fx trace, no checks" = the torch.fx module the wrappers run, without checks (the
 in-place `out += identity` of torchvision's blocks becomes an out-of-place add there); clip =
 `wrap(net, "clip")`; detect (ranges) = `wrap(net, "detect", checksums=False)`; + checksums =
-the default `wrap(net, "detect")`; through_relu = `wrap(..., through_relu=True)` (a node read
-only by a ReLU checked as the ReLU sees it: no lower-end check where `lo <= 0`, one reduction,
-no copy before an in-place ReLU). Fault-free: all variants' outputs equal the plain ones to the
-bit / flagged samples summed over the detect variants.
+the default `wrap(net, "detect")`; these run the fused checks (`verify/monitor/fused.py`, the
+default where the C kernel of `kernels/range_check.py` builds: each check in the pass that
+writes the ReLU, a residual add with its operands' checks and its ReLU in one in-place pass);
+"eager checks" = the same with `fused=False` (the checker of `verify/monitor/check.py`: per
+node its extremes over the batch, extra passes). Fault-free: all variants' outputs equal the
+plain ones to the bit / flagged samples summed over the detect variants.
+Before the fused checks (commit 4d2bf3c, same command, resnet18_cifar batch 256, eager checks
+only): clip +3.56%, detect (ranges) +33.5% (through_relu +21.5%; +8.6% in a second run),
+detect (ranges + checksums) +49.4% (through_relu +37.8%); vgg11_cifar batch 256: clip +0.95%,
+detect (ranges) +18.7%, + checksums +24.2%. Tried and dropped: Inductor (`torch.compile`) of
+a ReLU + range-test function per layer does not fuse the reduction into the ReLU's loop (it
+emits two loops over the activation: 34 ms against 7 ms for the in-place ReLU at 256x64x32x32);
+the C kernel's loop built for the baseline x86-64 was 1.5x slower than with `-march=native`.
+Measured: the table's resnet18/vgg11/mnist/digits rows at commit 902b1e7 (`--production --rows
+resnet18_cifar,vgg11_cifar,mnist256x2_box,mnist256x6_ball,digits_box`; digits_cnn is an
+earlier run's); sdc_production_rerun.md: resnet18_cifar again at 659eb6c (kernel launchers
+prepared once per node; `--rows resnet18_cifar --name sdc_production_rerun`).
 digits_cnn: a torchvision-style ResNet-18 of width 4 (in-place ReLUs, BatchNorm, downsample
 convolutions) trained here on sklearn digits upsampled to 3x16x16; monitor: CROWN over the
 [0, 1] pixel box; "ours" = `wrap(net, "detect")` (ranges and checksums: each convolution's
@@ -342,9 +355,10 @@ def variants(bench: Bench) -> dict[str, nn.Module]:
     mon, net = bench.monitor, bench.net
     return {"clip": mon.wrap(net, "clip"),
             "detect_ranges": mon.wrap(net, "detect", checksums=False),
-            "detect_ranges_relu": mon.wrap(net, "detect", checksums=False, through_relu=True),
             "detect": mon.wrap(net, "detect"),
-            "detect_relu": mon.wrap(net, "detect", through_relu=True)}  # fmt: skip
+            "clip_eager": mon.wrap(net, "clip", fused=False),
+            "detect_ranges_eager": mon.wrap(net, "detect", checksums=False, fused=False),
+            "detect_eager": mon.wrap(net, "detect", fused=False)}  # fmt: skip
 
 
 def fault_free(bench: Bench, wrapped: dict[str, nn.Module], x: torch.Tensor, region) -> dict:
@@ -473,6 +487,8 @@ VARIANT_HEADS = {"traced": "fx trace, no checks", "clip": "clip", "detect_ranges
                  "detect_ranges_relu": "detect (ranges, through_relu)",
                  "detect": "detect (ranges + checksums)",
                  "detect_relu": "detect (ranges + checksums, through_relu)",
+                 "clip_eager": "clip, eager checks", "detect_ranges_eager":
+                 "detect (ranges), eager checks", "detect_eager": "detect (+ checksums), eager checks",
                  "plain_compiled": "plain, torch.compile",
                  "detect_ranges_compiled": "detect (ranges), compiled"}  # fmt: skip
 

@@ -38,16 +38,13 @@ in one op in place of the ReLU when the ReLU runs no hooks (`relu(clamp(h)) = cl
 hi+)`; with hooks the ReLU module runs and its output is clamped). Clamps propagate NaN; a NaN
 output reruns the forward with NaN-safe clamps (NaN becomes the lower end).
 
-Cost. Each check is at least one pass over its node's values, a cost of its own on a CPU
-where the activations do not fit in cache, so the wrapper skips what it can: an in-place ReLU
-(`nn.ReLU(inplace=True)`, `x.relu_()`) after a node is fused as any ReLU, and clipping then
-clamps in place as the network would overwrite in place, as it does for a fresh tensor (a
-layer's or an add's output) that only its check reads; a ReLU output is checked from above
-only where its lower end is at most 0; batch 1 copies the values once (they are the extremes).
-`wrap(..., through_relu=True)` checks a node read only by a ReLU as the ReLU sees it (one
-reduction instead of two, no copy before an in-place ReLU; a value pushed below a lower end
-`lo <= 0` is then not flagged, as the ReLU makes it the output of `lo`). Measured on a CIFAR
-ResNet-18 and VGG-11 (`benchmarks/sdc_campaign.py --production`, results/sdc_production.md).
+Cost. Each eager check is at least one pass over its node's values. By default the checks of
+a large call (`FUSED_MIN_VALUES`) run fused into the passes the network makes anyway, where the
+C kernel of `kernels/range_check.py` builds (`verify.monitor.fused`: a node read only by a ReLU
+tested while the ReLU is written, a residual add with its operands' tests and its ReLU in one
+pass; the same outputs and flags). `through_relu=True` checks a node read only by a ReLU as
+the ReLU sees it (a value pushed below `lo <= 0` is then not flagged). Measured:
+`benchmarks/sdc_campaign.py --production`, results/sdc_production.md.
 
 Checksums. Detection also checks, for every monitored `nn.Linear` and `nn.Conv2d` node, the
 checksum invariant `1^T y = (L^T 1)^T x + 1^T b` (`L^T 1`: `W^T 1`, or the transposed
@@ -105,6 +102,7 @@ from bounds.errors import (
 from bounds.graph.graph import Graph
 from bounds.ops import ActivationOp
 from bounds.types import Interval
+from kernels.range_check import available as range_check_available
 from verify.api import network_graph
 from verify.monitor.check import (
     MonitorMismatchError,
@@ -115,6 +113,7 @@ from verify.monitor.check import (
 )
 from verify.monitor.compiled import CompiledMonitoredNet, check_graph
 from verify.monitor.domain import Ball, Box, implied_shape, regions_box
+from verify.monitor.fused import FUSED_MIN_VALUES, fused_wrapper
 from verify.monitor.ranges import certified_ranges, crown_pad, float_bounds
 from verify.monitor.sums import SumCheck, sum_checks
 from verify.monitor.wrapped import MonitoredNet
@@ -273,6 +272,7 @@ class Monitor:
         checksums: bool | float | Sequence[str] = True,
         compile: bool = False,
         through_relu: bool = False,
+        fused: bool | None = None,
     ) -> MonitoredNet | CompiledMonitoredNet:
         """A module running `net` (its own submodules and weights) with the checks fused in.
 
@@ -296,19 +296,26 @@ class Monitor:
                 below a lower end `lo <= 0` is not flagged: the ReLU maps it to the output of
                 the in-range `lo`), one reduction instead of two and no copy before an
                 in-place ReLU (`verify.monitor.check._Checker`).
+            fused: each check fused into the pass the network makes anyway
+                (`verify.monitor.fused`: a monitored node read by a ReLU is tested while the
+                ReLU is written, one pass; the same flags and outputs); None (default): on
+                CPU where `kernels.range_check` builds, without kept values, for calls of at
+                least `FUSED_MIN_VALUES` values a node; False: the eager checks.
 
         Returns:
             A module taking `[batch, *input_shape]` like `net`; its `.report` after each call
             has `flagged` `[batch]` and `first_node` per sample.
 
         Raises:
-            MonitorOptionError: an unknown action or node, or `compile=True` with clipping or
-                kept values.
+            MonitorOptionError: an unknown action or node, `compile=True` with clipping or
+                kept values, or `fused=True` with kept values.
             MonitorMismatchError: `net` is not the network the monitor was built on.
         """
         _choice(action, ACTIONS, "action")
         if compile and (action != "detect" or keep_values):
             raise MonitorOptionError("compile=True supports action='detect' without keep_values")
+        if fused and keep_values:
+            raise MonitorOptionError("fused=True keeps no values: use keep_values=False")
         names = self.select(nodes)
         self.admit(net)
         like = next(iter([*net.parameters(), *net.buffers()]), torch.zeros(()))
@@ -325,7 +332,10 @@ class Monitor:
                                through_relu)  # fmt: skip
         eager = MonitoredNet(gm, checker, names, self.input_shape, like.dtype)
         if not compile:
-            return eager
+            auto = fused is None and range_check_available() and like.device.type == "cpu"
+            if not (fused or (auto and not keep_values)):
+                return eager
+            return fused_wrapper(eager, shared_trace(net), sums, like, FUSED_MIN_VALUES * auto)
         shared = all(r[0].shape[0] == 1 for r in chosen)
         graph = check_graph(shared_trace(net), names, chosen, sums, like, shared)
         return CompiledMonitoredNet(eager, graph, 1 if shared else self.regions)

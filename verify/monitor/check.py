@@ -88,6 +88,14 @@ class MonitorReport:
     values: dict[str, Tensor] | None = field(default=None, repr=False)
 
 
+def clean_report(batch: int, names: tuple[str, ...], output: Tensor,
+                 values: dict[str, Tensor] | None = None) -> MonitorReport:  # fmt: skip
+    """The report of a pass that flagged nothing (one allocation for its flags)."""
+    zeros = torch.zeros(batch * (len(names) + 1), dtype=torch.bool, device=output.device)
+    flagged, flags = zeros[:batch], zeros[batch:].view(batch, len(names))
+    return MonitorReport(flagged, [None] * batch, flags, names, output, values)
+
+
 def _first(flags: Tensor, names: tuple[str, ...]) -> list[str | None]:
     if not bool(flags.any()):
         return [None] * flags.shape[0]
@@ -339,10 +347,7 @@ class _Checker:
         return MonitorReport(flagged, _first(flags, names), flags, names, output, self.values)
 
     def _clean(self, output: Tensor) -> MonitorReport:
-        batch, count = self.batch, len(self.names)
-        zeros = torch.zeros(batch * (count + 1), dtype=torch.bool, device=output.device)
-        flagged, flags = zeros[:batch], zeros[batch:].view(batch, count)  # one allocation
-        return MonitorReport(flagged, [None] * batch, flags, self.names, output, self.values)
+        return clean_report(self.batch, self.names, output, self.values)
 
     def _add_sums(self, flags: Tensor) -> Tensor:
         """`flags [batch, nodes]` or-ed with the failed checksums, each at its node."""

@@ -25,13 +25,17 @@ class MonitoredNet(nn.Module):
         self.nodes, self.input_shape, self.dtype = tuple(names), tuple(input_shape), dtype
         self.report: MonitorReport | None = None
 
-    def run(self, x: Tensor, region: Any = None) -> tuple[Tensor, MonitorReport]:
+    def _validate(self, x: Any) -> None:
+        """A typed error for an input of another shape or dtype than the network's."""
         if not isinstance(x, Tensor) or tuple(x.shape[1:]) != self.input_shape:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ShapeMismatchError(f"x has shape {got}; the monitor expects "
                                      f"[batch, *{self.input_shape}]")  # fmt: skip
         if x.dtype != self.dtype:
             raise ShapeMismatchError(f"x is {x.dtype}; the network is {self.dtype}")
+
+    def run(self, x: Tensor, region: Any = None) -> tuple[Tensor, MonitorReport]:
+        self._validate(x)
         checker, index = self._checker, self._region(region, x)
         checker.begin(x.shape[0], index)
         y = self.module(x)
