@@ -133,7 +133,9 @@ def test_a_budget_cut_alpha_crown_is_still_sound():
 
 def test_split_domain_optimisation_stops_before_its_deadline():
     net, prop = held_out_like(16)
-    quick = ReluSplitConfig(root_iterations=1, intermediate_iterations=0)
+    # the root as cheap as it gets (no Anderson tightening: it ran 100 s without a deadline)
+    quick = ReluSplitConfig(root_iterations=1, intermediate_iterations=0,
+                            root_intermediate="alpha-crown")  # fmt: skip
     runner = ReluBab(net, prop.regions[0], BabConfig(splitting="relu", relu=quick))
     roots, _ = runner.bounder.easy.root(runner._try_points)
     domains = roots.take(torch.zeros(256, dtype=torch.long))
