@@ -341,11 +341,8 @@ class RangeCheck:
                  region: Tensor | None = None) -> Tensor:  # fmt: skip
         write, detect = self.write, self.detect != "none"
         if self.fn is None or not _fast(x, self.dtype, out, region, flags):
-            _check_args(x, flags, self.tables[1], write, out)
             return range_check_reference(x, flags, *self.tables, write, out, region)
-        if (write != "none" and (out is None or out.shape != x.shape or out.dtype != x.dtype)) \
-                or (detect and (flags is None or flags.shape != (x.shape[0],))):  # fmt: skip
-            _check_args(x, flags, self.tables[1], write, out)  # its error
+        _check_args(x, flags, self.tables[1], write, out)
         rows = x.shape[0]
         n = x.numel() // rows if rows else 0
         out = out if write != "none" else None

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from bounds.errors import InvalidRegionError, ShapeMismatchError
 from bounds.types import Interval
+from relaxations.base import broadcast_shape
 
 
 def first_bad_index(t: Tensor) -> tuple[int, ...] | None:
@@ -125,8 +126,8 @@ def input_box(
 
 
 def _broadcasts(small: torch.Size, big: torch.Size) -> bool:
-    try:  # numpy's rules (torch.broadcast_shapes imports torch's symbolic shapes: 1.7 s)
-        return np.broadcast_shapes(tuple(small), tuple(big)) == tuple(big)
+    try:
+        return broadcast_shape(small, big) == big
     except ValueError:
         return False
 

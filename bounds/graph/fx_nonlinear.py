@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,13 +39,13 @@ from bounds.graph.fx_common import (
 )
 from bounds.ops import IndexOp, MultiActivationOp, SumOp
 from relaxations import get_relaxation
+from relaxations.base import broadcast_shape
 
 
 def common_shape(b: Builder, node: str, what: str, lhs: Act, rhs: Act) -> tuple[Act, Act]:
-    """Both broadcast (per sample) to their common shape (numpy's rules: `torch.broadcast_shapes`
-    imports torch's symbolic shapes on its first call, 1.7 s of a fresh process's time)."""
+    """Both broadcast (per sample) to their common shape (`relaxations.base.broadcast_shape`)."""
     try:
-        out = np.broadcast_shapes(tuple(lhs.value.shape), tuple(rhs.value.shape))
+        out = broadcast_shape(lhs.value.shape, rhs.value.shape)
     except ValueError as err:
         raise unsupported(what, node, f"broadcast of {lhs.shape} and {rhs.shape}") from err
     if len(out) != lhs.value.dim() or len(out) != rhs.value.dim():

@@ -62,4 +62,4 @@ def source_elements(chain: CopyChain, index: Tensor, done: Tensor | None) -> Ten
     in `done [n_source]` (bounded already)."""
     src = chain.index.to(index.device)[index]
     src = torch.unique(src[src >= 0])
-    return src if done is None else src[~done.to(src.device)[src]]
+    return src if done is None else src[~done[src]]

@@ -391,8 +391,8 @@ def _through_copies(
         intervals[source] = scatter_bounds(intervals[source], src, *bound(source, src))
         mask = done.get(source)
         if mask is None:
-            mask = torch.zeros(intervals[source].lower[0].numel(), dtype=torch.bool)
-        done[source] = mask.index_fill(0, src.cpu(), True)
+            mask = src.new_zeros(intervals[source].lower[0].numel(), dtype=torch.bool)
+        done[source] = mask.index_fill(0, src, True)
     iv = intervals[source]
     for node in chain.nodes:
         iv = node_interval(node, [iv])

@@ -29,14 +29,9 @@ from bounds.ops.embedding import EmbeddingOp
 from bounds.rounding import eta
 from bounds.types import Interval, rounded_down, rounded_up
 from relaxations.base import MultiLinearBounds
+from verify.monitor.stages import gamma
 
 FLOAT64_UNIT = 2.0**-53
-
-
-def _gamma(n: int, unit: float) -> float:
-    if n * unit >= 0.5:
-        raise UnsupportedOperationError("float error model", "", f"{n} terms exceed 1/(2u)")
-    return n * unit / (1 - n * unit)
 
 
 def _abs_apply(op, vectors: list[Tensor]) -> Tensor:
@@ -79,7 +74,7 @@ class _Rounded:
         zero = self.op.forward(*(torch.zeros_like(m) for m in mags)).abs()
         size = _abs_apply(self.op, mags) + zero
         factors, sums = self.unit
-        self.radius = 2 * (factors + _gamma(_terms(self.op, mags) + 3, sums)) * size
+        self.radius = 2 * (factors + gamma(_terms(self.op, mags) + 3, sums)) * size
         iv = self.op.interval(*inputs)
         return Interval(iv.lower - self.radius, iv.upper + self.radius)
 
@@ -201,7 +196,7 @@ def crown_pad(graph: Graph, box: Interval) -> dict[str, Tensor]:
         zero = node.op.forward(*(torch.zeros_like(m) for m in mags)).abs()
         chain[node.name] = _abs_apply(node.op, mags) + zero
         total += _terms(node.op, mags)
-    pad = 2 * _gamma(total, FLOAT64_UNIT)
+    pad = 2 * gamma(total, FLOAT64_UNIT)
     pads = {name: pad * value for name, value in chain.items()}
     for node in graph.nodes[1:]:  # a lookup's interval is its rows' extremes: exact, no pad
         if isinstance(node.op, EmbeddingOp):

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
+from bounds.errors import UnsupportedOperationError
 from bounds.ops import ConvOp, LinearOp
 
 # Roundings of one element of a BatchNorm in eval mode, from its float parameters (module
@@ -51,7 +52,10 @@ BN_ROUNDINGS = 16
 
 
 def gamma(n: int, unit: float) -> float:
-    """`gamma_n = n u / (1 - n u)` (Higham, Sec. 3.1)."""
+    """`gamma_n = n u / (1 - n u)` (Higham, Sec. 3.1); UnsupportedOperationError once `n u >=
+    1/2`, where the error model no longer bounds anything useful."""
+    if n * unit >= 0.5:
+        raise UnsupportedOperationError("float error model", "", f"{n} terms exceed 1/(2u)")
     return n * unit / (1 - n * unit)
 
 
