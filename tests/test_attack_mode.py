@@ -4,14 +4,17 @@ counterexamples they find that the plain gradient does not."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from relaxations.sign import SignRelaxation
+from verify import attack
 from verify.attack import AttackConfig, UnsafeSpec, find_counterexample, pgd, validate, violation
-from verify.attack_mode import AttackMode, attack_outputs
+from verify.attack_mode import AttackMode, attack_outputs, uses_surrogates
 from verify.property import Polytope, Region
 
 
@@ -129,3 +132,64 @@ def test_untargeted_pgd_values_are_the_violation_at_its_points():
     assert ((points >= lower) & (points <= upper)).all()
     logits = net.l2(torch.sign(net.l1(points)))
     assert torch.equal(values, violation(logits, spec))
+
+
+def test_uses_surrogates_only_where_a_surrogate_derivative_is_taken():
+    x = torch.randn(1, 30)
+    assert uses_surrogates(Binarised(0), x)
+    relu = nn.Sequential(nn.Linear(30, 8), nn.ReLU(), nn.Linear(8, 10))
+    assert not uses_surrogates(relu, x)
+
+
+def _scripted(monkeypatch, hit_from: int | None, seconds: float = 0.0) -> list:
+    """`verify.attack._attack` replaced: it sleeps `seconds`, records `(seed, deadline)` and
+    returns a point from the seed `hit_from` on (never when None)."""
+    calls = []
+
+    def fake(net, region, shape, extra, config, seed, deadline):
+        time.sleep(seconds)
+        calls.append((seed, deadline))
+        return None if hit_from is None or seed < hit_from else torch.zeros(30)
+
+    monkeypatch.setattr(attack, "_attack", fake)
+    return calls
+
+
+def test_a_surrogate_network_is_attacked_again_with_the_next_seeds(monkeypatch):
+    region = robustness_region(Binarised(0), 0.05, 0)
+    calls = _scripted(monkeypatch, hit_from=2)
+    start = time.monotonic()
+    x = find_counterexample(Binarised(0), region, seed=5, deadline=start + 100)
+    assert x is not None and [s for s, _ in calls] == [5]  # found: no retry
+    calls.clear()
+    x = find_counterexample(Binarised(0), region, seed=0, deadline=start + 100)
+    assert x is not None and [s for s, _ in calls] == [0, 1, 2]
+    end = calls[1][1]  # the retries are paced against the share's end
+    assert calls[0][1] == start + 100 and end <= start + 100 * 0.5 + 1 and calls[2][1] == end
+
+
+def test_no_retry_without_surrogates_a_deadline_or_a_share(monkeypatch):
+    relu = nn.Sequential(nn.Linear(30, 8), nn.ReLU(), nn.Linear(8, 10))
+    region = robustness_region(Binarised(0), 0.05, 0)
+    calls = _scripted(monkeypatch, hit_from=1)
+    assert find_counterexample(relu, region, deadline=time.monotonic() + 100) is None
+    assert find_counterexample(Binarised(0), region) is None  # no deadline
+    off = AttackConfig(surrogate_share=0.0)
+    assert (
+        find_counterexample(Binarised(0), region, config=off, deadline=time.monotonic() + 100)
+        is None
+    )
+    assert [s for s, _ in calls] == [0, 0, 0]
+    with pytest.raises(ValueError, match="surrogate_share"):
+        AttackConfig(surrogate_share=1.5)
+
+
+def test_retries_end_within_the_share(monkeypatch):
+    """Attacks of 0.05 s that never find: retries start only while one more, as long as the
+    longest so far, ends within the share (0.5 of 1 s)."""
+    region = robustness_region(Binarised(0), 0.05, 0)
+    calls = _scripted(monkeypatch, hit_from=None, seconds=0.05)
+    start = time.monotonic()
+    assert find_counterexample(Binarised(0), region, deadline=start + 1.0) is None
+    elapsed = time.monotonic() - start
+    assert len(calls) >= 4 and elapsed <= 0.5 + 0.05

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from verify.attack_mode import attack_outputs
+from verify.attack_mode import attack_outputs, uses_surrogates
 from verify.errors import ShapeMismatchError
 from verify.property import Region
 from verify.specs import region_box, region_spec
@@ -153,7 +153,11 @@ class AttackConfig:
     max_corner_dims: the box's corners are starts too when it has at most this many inputs;
     samples: uniform points evaluated once, the best `restarts` of them start PGD;
     targeted_runs: PGD runs one descent per start and unsafe polytope while that makes at most
-    this many runs, else one untargeted descent per start (`pgd`'s `targeted`)."""
+    this many runs, else one untargeted descent per start (`pgd`'s `targeted`);
+    surrogate_share: on a network the attack differentiates through surrogate derivatives
+    (`verify.attack_mode.uses_surrogates`: sign, floor), where one descent often stalls, the
+    attack starts again with the next seed until it finds a point or this share of the time
+    left at its start is spent (`find_counterexample`); 0: one attack."""
 
     restarts: int = 32
     samples: int = 4096
@@ -161,10 +165,13 @@ class AttackConfig:
     step_fraction: float = 0.1
     max_corner_dims: int = 8
     targeted_runs: int = 512
+    surrogate_share: float = 0.5
 
     def __post_init__(self) -> None:
         if min(self.restarts, self.steps, self.samples) < 0 or not self.step_fraction > 0:
             raise ValueError("restarts and steps must be >= 0 and step_fraction > 0")
+        if not 0 <= self.surrogate_share <= 1:
+            raise ValueError(f"surrogate_share must be in [0, 1], got {self.surrogate_share}")
 
 
 def per_polytope(y: Tensor, spec: UnsafeSpec) -> Tensor:
@@ -315,7 +322,11 @@ def find_counterexample(
 
     PGD from the box centre (three runs, one per step length), `extra_points` and the
     `config.restarts` best of the uniform samples; the best points of float32 value within
-    `UnsafeSpec.value_tolerance` are confirmed by `validate` (a float64 forward pass).
+    `UnsafeSpec.value_tolerance` are confirmed by `validate` (a float64 forward pass). On a
+    network differentiated through surrogates (`AttackConfig.surrogate_share`), an attack that
+    finds nothing is followed by others with the seeds `seed + 1`, `seed + 2`, ... while the
+    next one, as long as the longest so far, would end within that share of the time left at
+    the start (each paced against the share's end).
 
     Args:
         net: the network, taking `[batch, *input_shape]`.
@@ -327,7 +338,7 @@ def find_counterexample(
         config: the attack's settings (`AttackConfig`).
         seed: the random seed.
         deadline: `time.monotonic()`: sampling stops after a quarter of the time left, PGD
-            early enough to end by then (see `best_samples`, `pgd`).
+            early enough to end by then (see `best_samples`, `pgd`); None: one attack.
 
     Returns:
         `x` `[n_inputs]` (float64, inside the box) whose output is in an unsafe polytope, or
@@ -344,6 +355,28 @@ def find_counterexample(
     if int(np.prod(shape)) != len(region.lower):
         raise ShapeMismatchError(f"the region has {len(region.lower)} inputs; the network's "
                                  f"input shape {shape} has {int(np.prod(shape))}")  # fmt: skip
+    start = time.monotonic()
+    found = _attack(net, region, shape, extra_points, config, seed, deadline)
+    if found is not None or deadline is None or config.surrogate_share == 0:
+        return found
+    param = next(net.parameters())
+    corner = region_box(region, shape, param.dtype)[0].to(param.device)
+    if not uses_surrogates(net, corner):
+        return found
+    took = time.monotonic() - start
+    end = start + config.surrogate_share * max(0.0, deadline - start)
+    while found is None and time.monotonic() + took <= end:  # predicted to end by `end`
+        seed, tick = seed + 1, time.monotonic()
+        found = _attack(net, region, shape, extra_points, config, seed, end)
+        took = max(took, time.monotonic() - tick)
+    return found
+
+
+def _attack(
+    net: nn.Module, region: Region, shape: tuple[int, ...], extra_points: Tensor | None,
+    config: AttackConfig, seed: int, deadline: float | None,
+) -> Tensor | None:  # fmt: skip
+    """One attack of `find_counterexample` (its docstring), with the random `seed`."""
     param = next(net.parameters())
     lower, upper = (t.to(param.device) for t in region_box(region, shape, param.dtype))
     spec = UnsafeSpec.of(region, param.dtype, param.device)

@@ -79,6 +79,7 @@ class AttackMode(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.last_softmax: tuple[Tensor, Tensor, Any] | None = None
+        self.surrogates = 0  # calls differentiated by a surrogate so far
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -93,6 +94,7 @@ class AttackMode(TorchFunctionMode):
         derivative = surrogate_derivative(func, args, kwargs)
         if derivative is None or derivative.shape != x.shape or value.shape != x.shape:
             return value
+        self.surrogates += 1
         return _Surrogate.apply(x, value, derivative)
 
     def logits_of(self, y: Tensor) -> Tensor | None:
@@ -101,6 +103,16 @@ class AttackMode(TorchFunctionMode):
             return None
         value, z, dim = self.last_softmax
         return z if value is y and y.dim() == 2 and dim in (1, -1) else None
+
+
+def uses_surrogates(net: nn.Module, x: Tensor) -> bool:
+    """Whether the attack differentiates `net` at `x` `[1, *input_shape]` through a surrogate
+    derivative anywhere (a piecewise-constant activation): its gradient is then an
+    approximation (BPDA), and a descent may stall where the true function goes on falling."""
+    mode = AttackMode()
+    with mode, torch.enable_grad():
+        net(x.detach().clone().requires_grad_(True))
+    return mode.surrogates > 0
 
 
 def attack_outputs(net: nn.Module, x: Tensor, peel_softmax: bool) -> Tensor:
