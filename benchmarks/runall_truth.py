@@ -19,8 +19,13 @@ Beside them (issue 28):
   same rows ("ours / peer on the peer's rows").
 
     python -m benchmarks.runall_truth [--scale 0.1] [--only cgan,vit] [--grade-only]
+        [--splitting input|relu]
 Writes benchmarks/results/runall_truth.{json,md} and runall_NAME.csv per benchmark;
 `--grade-only` grades the CSVs already there (wall seconds from the last runall_truth.json).
+`--splitting MODE` runs `run-all --splitting MODE` instead of the default (auto) and writes
+runall_truth_MODE.{json,md} and runall_NAME_MODE.csv; then, for the benchmarks whose three
+CSVs (auto, input, relu) are all there, runall_modes.md sets their correct counts and scores
+side by side (issue 28: auto against both fixed modes).
 """
 
 from __future__ import annotations
@@ -43,12 +48,20 @@ RESULTS = ROOT / "benchmarks" / "results"
 ANSWERS = ("sat", "unsat")
 
 
-def run_benchmark(name: str, scale: float) -> tuple[Path, float]:
+MODES = ("auto", "input", "relu")
+
+
+def suffix(mode: str) -> str:
+    """The file-name suffix of a splitting mode's results ("" for the default, auto)."""
+    return "" if mode == "auto" else f"_{mode}"
+
+
+def run_benchmark(name: str, scale: float, mode: str = "auto") -> tuple[Path, float]:
     """Runs `verify run-all` on the benchmark; (its CSV, wall seconds)."""
-    out = RESULTS / f"runall_{name}.csv"
+    out = RESULTS / f"runall_{name}{suffix(mode)}.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "verify", "run-all", str(DATA / name / "instances.csv"),
-           "--timeout-scale", str(scale), "--out", str(out)]  # fmt: skip
+           "--timeout-scale", str(scale), "--out", str(out), "--splitting", mode]  # fmt: skip
     start = time.monotonic()
     subprocess.run(cmd, cwd=ROOT, env=env, check=False)
     return out, time.monotonic() - start
@@ -113,8 +126,20 @@ def table(rows: list[dict], scale: float) -> str:
                      f"{r['correct']} | {r['wrong']} | {r['unanswered']} | {r['extra']} | "
                      f"{r['score']} ({r['winner_score']}) | {len(r['over_limit'])} | {peer} | "
                      f"{r['seconds']:.0f} |")  # fmt: skip
-    keys = ("instances", "winner_answered", "correct", "wrong", "unanswered", "extra",
-            "seconds", "score", "winner_score", "ours_on_peer_rows", "peer_correct", "peer_rows")
+    keys = (
+        "instances",
+        "winner_answered",
+        "correct",
+        "wrong",
+        "unanswered",
+        "extra",
+        "seconds",
+        "score",
+        "winner_score",
+        "ours_on_peer_rows",
+        "peer_correct",
+        "peer_rows",
+    )
     total = {k: sum(r[k] for r in rows) for k in keys}
     over = sum(len(r["over_limit"]) for r in rows)
     lines.append(f"| **all** | {total['instances']} | {total['winner_answered']} | "
@@ -129,15 +154,39 @@ def table(rows: list[dict], scale: float) -> str:
     return head + "\n".join(lines) + tail
 
 
+def modes_table(scale: float) -> str:
+    """Correct answers and score per benchmark under each splitting mode, for the benchmarks
+    with all three results CSVs; the best fixed mode and auto's shortfall against it."""
+    names = sorted(p.parent.name for p in DATA.glob("*/instances.csv"))
+    lines = ["| benchmark | winner answered | auto | input | relu | auto - best fixed |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        paths = [RESULTS / f"runall_{name}{suffix(m)}.csv" for m in MODES]
+        if not all(p.exists() for p in paths):
+            continue
+        got = [grade(name, p, scale) for p in paths]
+        cells = [f"{g['correct']} ({g['score']})" for g in got]
+        best = max(g["correct"] for g in got[1:])
+        lines.append(f"| {name} | {got[0]['winner_answered']} | {' | '.join(cells)} | "
+                     f"{got[0]['correct'] - best:+d} |")  # fmt: skip
+    head = (
+        f"`verify run-all --splitting MODE` at {scale:g} of the timeouts: correct answers "
+        "against the 2023 winner (VNN-COMP score)\n\n"
+    )
+    return head + "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--only", default=None, help="comma-separated benchmark names, in order")
     parser.add_argument("--grade-only", action="store_true", help="grade the CSVs already there")
+    parser.add_argument("--splitting", choices=MODES, default="auto")
     args = parser.parse_args()
-    last = {}
-    if args.grade_only and (RESULTS / "runall_truth.json").exists():
-        old = json.loads((RESULTS / "runall_truth.json").read_text())["rows"]
+    mode, last = args.splitting, {}
+    summary = RESULTS / f"runall_truth{suffix(mode)}"
+    if args.grade_only and summary.with_suffix(".json").exists():
+        old = json.loads(summary.with_suffix(".json").read_text())["rows"]
         last = {r["benchmark"]: r["seconds"] for r in old}
     names = sorted(p.parent.name for p in DATA.glob("*/instances.csv"))
     if args.only:  # in the order given
@@ -145,9 +194,9 @@ def main() -> None:
     rows = []
     for name in names:
         if args.grade_only:
-            out, seconds = RESULTS / f"runall_{name}.csv", last.get(name, 0.0)
+            out, seconds = RESULTS / f"runall_{name}{suffix(mode)}.csv", last.get(name, 0.0)
         else:
-            out, seconds = run_benchmark(name, args.scale)
+            out, seconds = run_benchmark(name, args.scale, mode)
         rows.append({"benchmark": name, "seconds": seconds, **grade(name, out, args.scale)})
         print(rows[-1], flush=True)
         text = table(rows, args.scale)
@@ -155,11 +204,18 @@ def main() -> None:
         cmd = f"python -m benchmarks.runall_truth --scale {args.scale}"
         cmd += f" --only {args.only}" if args.only else ""
         cmd += " --grade-only" if args.grade_only else ""
-        (RESULTS / "runall_truth.md").write_text(f"# {cmd} ({stamp}, 1 thread)\n\n{text}\n")
-        (RESULTS / "runall_truth.json").write_text(json.dumps(
-            {"meta": {"date": stamp, "command": cmd, "scale": args.scale}, "rows": rows},
-            indent=1))  # fmt: skip
+        cmd += f" --splitting {mode}" if mode != "auto" else ""
+        summary.with_suffix(".md").write_text(f"# {cmd} ({stamp}, 1 thread)\n\n{text}\n")
+        summary.with_suffix(".json").write_text(json.dumps(
+            {"meta": {"date": stamp, "command": cmd, "scale": args.scale, "splitting": mode},
+             "rows": rows}, indent=1))  # fmt: skip
     print(table(rows, args.scale))
+    modes = modes_table(args.scale)
+    if modes.count("\n| ") > 1:
+        (RESULTS / "runall_modes.md").write_text(
+            f"# {time.strftime('%Y-%m-%d %H:%M')}\n\n{modes}\n"
+        )
+        print(modes)
 
 
 if __name__ == "__main__":
