@@ -29,10 +29,25 @@ def many_regions(n_regions: int, n_inputs: int = 40) -> str:
 def test_the_reader_stops_at_its_deadline():
     text = many_regions(3000)
     start = time.monotonic()
-    with pytest.raises(ParseDeadlineError, match="time limit reached while reading"):
+    with pytest.raises(ParseDeadlineError, match="time limit"):
         parse_vnnlib(text, "big.vnnlib", deadline=start + 0.3)
     assert time.monotonic() - start < 1.3
     assert len(parse_vnnlib(many_regions(3)).regions) == 3  # no deadline: read whole
+
+
+def test_a_read_predicted_to_end_past_the_deadline_stops_early():
+    """Past a tenth of the lines, their rate predicts the rest: a file that would take twice
+    the limit to read stops long before the limit (and one that fits is read whole)."""
+    text = many_regions(1500)
+    start = time.monotonic()
+    parse_vnnlib(text, "big.vnnlib")
+    whole = time.monotonic() - start
+    start = time.monotonic()
+    with pytest.raises(ParseDeadlineError, match="predicted to end past it"):
+        parse_vnnlib(text, "big.vnnlib", deadline=start + whole / 2)
+    assert time.monotonic() - start < 0.4 * whole
+    start = time.monotonic()
+    assert len(parse_vnnlib(text, "big.vnnlib", deadline=start + 3 * whole).regions) == 1500
 
 
 def test_verify_answers_timeout_within_the_limit_while_reading(tmp_path: Path):

@@ -119,7 +119,7 @@ def parse_vnnlib(
     if not text.strip():
         raise SpecificationError("empty specification (no declarations, no assertions)", path)
     ctx, last_line = Context(path, deadline=deadline), line_count(text)
-    dnfs = _read_asserts(ctx, text)
+    dnfs = _read_asserts(ctx, text, last_line)
     n_inputs, n_outputs = _check_declarations(ctx, last_line)
     common, terms = dnf_terms(ctx, dnfs, last_line)
     if not constrains_outputs(common, terms):
@@ -143,8 +143,9 @@ def _show(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
 
 
-def _read_asserts(ctx: Context, text: str) -> list[Dnf]:
-    """One pass over the tokens: declarations are recorded, each assert becomes a DNF.
+def _read_asserts(ctx: Context, text: str, lines: int) -> list[Dnf]:
+    """One pass over the tokens of the `lines` lines: declarations are recorded, each assert
+    becomes a DNF; paced against the deadline per line (`Context.check_pace`).
 
     A stack of open ``(`` replaces recursion; each list is reduced to its value (a DNF for a
     formula, a ``_Linear`` for a term) when its ``)`` is read, so no syntax tree is kept.
@@ -152,7 +153,7 @@ def _read_asserts(ctx: Context, text: str) -> list[Dnf]:
     stack = [_Frame("top", 0)]
     pattern = _FAST_TOKEN if FAST_COMPARISONS else _TOKEN
     for number, line in enumerate(_lines(text), start=1):
-        ctx.check_time(number)  # each line (one may hold a whole region)
+        ctx.check_pace(number, lines)  # each line (one may hold a whole region)
         for match in pattern.finditer(line):
             if match.lastindex and _bound(ctx, stack, match, number):
                 continue

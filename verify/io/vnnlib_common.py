@@ -72,6 +72,11 @@ Term = tuple
 Dnf = list
 
 
+PACE_AFTER = 0.1
+"""Share of a file's lines read before their rate predicts the rest (`Context.check_pace`);
+declarations come first and read faster, so early predictions fall short, not over."""
+
+
 class ParseDeadlineError(TimeoutError):
     """The deadline given to a reader passed while it read (the file is not at fault)."""
 
@@ -83,12 +88,29 @@ class Context:
     names: dict[str, tuple[str, int]] = field(default_factory=dict)  # "X_3" -> ("X", 3)
     steps: int = 0
     deadline: float | None = None  # time.monotonic(); None: no limit
+    started: float = field(default_factory=time.monotonic)  # when reading began
 
     def check_time(self, line: int | None) -> None:
         """`ParseDeadlineError` once the deadline has passed (callers check every so often:
         a large file can take longer to read than its instance's time limit)."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise ParseDeadlineError(f"{self.path}: time limit reached while reading (line {line})")
+
+    def check_pace(self, line: int, lines: int) -> None:
+        """`check_time` on `line` of `lines`, and predictive: once `PACE_AFTER` of the lines
+        are read, `ParseDeadlineError` as soon as the rest, read at the rate so far, would end
+        past the deadline (the reader stops then, not at the deadline: dropping what it built
+        takes time too, 0.7-1.3 s on a 20-s read of nn4sys cardinality_1_7300)."""
+        self.check_time(line)
+        if self.deadline is None or line < PACE_AFTER * lines:
+            return
+        now = time.monotonic()
+        spent = now - self.started
+        if now + spent * (lines - line) / line > self.deadline:
+            raise ParseDeadlineError(
+                f"{self.path}: time limit: reading predicted to end past it (line {line} of "
+                f"{lines} after {spent:.1f} s)"
+            )
 
     def error(self, message: str, line: int | None) -> SpecificationError:
         return SpecificationError(message, path=self.path, line=line)
