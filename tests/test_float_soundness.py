@@ -95,19 +95,19 @@ def test_the_case_is_violated_and_float32_claims_it_holds():
         assert float(twin(corners.double()).min()) < b
 
 
-@pytest.mark.parametrize("splitting", ["input", "relu"])
-def test_float32_rounding_alone_proves_the_violated_case_without_the_recheck(
-    splitting, monkeypatch
-):
+def test_float32_rounding_alone_proves_the_violated_case_without_the_recheck(monkeypatch):
     """The bug the recheck fixes: input splitting's search bounds (float32, `exact=False`:
     rounding not accounted for) answer "unsat" on a violated property without it (attack off,
-    so only pruning decides). ReLU splitting's root bounds are exact (float64, rounding
-    tracked), and this case closes there or not at all: no wrong "unsat" even without it."""
+    so only pruning decides). ReLU splitting's root output pass is float32 too: whether it
+    closes this case without the recheck depends on the CPU's float32 summation order (it does
+    on the 2-core development machine on 2026-12-05; CI passed the former assertion that it
+    does not), so only input
+    splitting, where `rounding_case` makes it certain, is asserted here; the recheck's test
+    below covers both."""
     monkeypatch.setattr(verifier, "_attack_all", lambda *args: None)
     net, prop, _, _ = rounding_case()
-    config = BabConfig(**OFF, splitting=splitting)
-    status = verify.verify(net, prop, timeout=5, config=config).status
-    assert (status == "unsat") if splitting == "input" else (status != "unsat")
+    config = BabConfig(**OFF, splitting="input")
+    assert verify.verify(net, prop, timeout=5, config=config).status == "unsat"
 
 
 @pytest.mark.parametrize("splitting", ["input", "relu"])
