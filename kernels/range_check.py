@@ -249,6 +249,26 @@ def _check_args(x: Tensor, flags: Tensor | None, det_hi: Tensor | None, write: s
         raise ValueError("detection needs flags of shape [rows]")
 
 
+def _outside(v: Tensor, lo: Tensor | None, hi: Tensor) -> Tensor:
+    """Per row, whether a value of `v [rows, n]` leaves `[lo, hi]` (NaN does; `lo` None: the
+    upper end only): the kernels' `!(v <= hi) | !(v >= lo)`."""
+    bad = ~(v <= hi)
+    if lo is not None:
+        bad |= ~(v >= lo)
+    return bad.any(1)
+
+
+def _clamp(v: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """The kernels' clamp `c = v >= lo ? v : lo; c <= hi ? c : hi` (NaN becomes `lo`)."""
+    c = torch.where(v >= lo, v, lo)
+    return torch.where(c <= hi, c, hi)
+
+
+def _relu(v: Tensor) -> Tensor:
+    """The kernels' `v < 0 ? 0 : v` (keeps `-0.0` and NaN, as `torch.relu`)."""
+    return torch.where(v < 0, torch.zeros((), dtype=v.dtype, device=v.device), v)
+
+
 def range_check_reference(x: Tensor, flags: Tensor | None, det_lo: Tensor | None,
                           det_hi: Tensor | None, clip_lo: Tensor | None, clip_hi: Tensor | None,
                           write: str, out: Tensor | None,
@@ -258,22 +278,14 @@ def range_check_reference(x: Tensor, flags: Tensor | None, det_lo: Tensor | None
     rows = x.shape[0]
     flat = x.reshape(rows, -1)
 
-    def table(t: Tensor) -> Tensor:
-        return t[region] if region is not None else t[:1]
+    def table(t: Tensor | None) -> Tensor | None:
+        return t if t is None else (t[region] if region is not None else t[:1])
 
     if det_hi is not None:
-        bad = ~(flat <= table(det_hi))
-        if det_lo is not None:
-            bad |= ~(flat >= table(det_lo))
-        flags.copy_(bad.any(1))
+        flags.copy_(_outside(flat, table(det_lo), table(det_hi)))
     if write == "none":
         return x
-    if write == "relu":
-        value = torch.where(flat < 0, torch.zeros((), dtype=x.dtype, device=x.device), flat)
-    else:
-        low, high = table(clip_lo), table(clip_hi)
-        value = torch.where(flat >= low, flat, low)
-        value = torch.where(value <= high, value, high)
+    value = _relu(flat) if write == "relu" else _clamp(flat, table(clip_lo), table(clip_hi))
     out.copy_(value.view_as(out))
     return out
 
@@ -301,20 +313,20 @@ def _at(t: Tensor | None, start: int, n: int = 1) -> int | None:
     return None if t is None else t.data_ptr() + start * n * t.element_size()
 
 
+def _cpu_contiguous(*tensors: Tensor | None) -> bool:
+    return all(t is None or (t.is_cpu and t.is_contiguous()) for t in tensors)
+
+
 def _takes(x: Tensor, *others: Tensor | None) -> bool:
     """Whether the C kernel takes these tensors (CPU, float32/64, contiguous, one dtype)."""
-    if x.device.type != "cpu" or x.dtype not in _TYPES or not x.is_contiguous():
-        return False
-    return all(t is None or (t.device.type == "cpu" and t.is_contiguous()
-                             and t.dtype in (x.dtype, torch.int64, torch.uint8))
-               for t in others)  # fmt: skip
+    return x.dtype in _TYPES and _cpu_contiguous(x, *others) and all(
+        t is None or t.dtype in (x.dtype, torch.int64, torch.uint8) for t in others)  # fmt: skip
 
 
 def _fast(x: Tensor, dtype: torch.dtype, *others: Tensor | None) -> bool:
     """Whether a prepared kernel of `dtype` takes `x` and the per-call tensors `others`
     (CPU, contiguous; their dtypes are the caller's to get right)."""
-    return (x.dtype == dtype and x.is_cpu and x.is_contiguous()
-            and all(t is None or (t.is_cpu and t.is_contiguous()) for t in others))  # fmt: skip
+    return x.dtype == dtype and _cpu_contiguous(x, *others)
 
 
 class RangeCheck:
@@ -400,12 +412,9 @@ class Side:
 
 def _side_reference(v: Tensor, side: Side, pick) -> Tensor:
     if side.det is not None:
-        lo, hi = (pick(t) for t in side.det)
-        side.flags.copy_((~(v <= hi) | ~(v >= lo)).any(1))
+        side.flags.copy_(_outside(v, *(pick(t) for t in side.det)))
     if side.clamp is not None:
-        lo, hi = (pick(t) for t in side.clamp)
-        v = torch.where(v >= lo, v, lo)
-        v = torch.where(v <= hi, v, hi)
+        v = _clamp(v, *(pick(t) for t in side.clamp))
     return v
 
 
@@ -421,7 +430,7 @@ def add_check_reference(a: Tensor, b: Tensor, out: Tensor, sides: tuple[Side, Si
     vb = _side_reference(b.reshape(rows, -1), sides[1], pick)
     v = _side_reference(va + vb, sides[2], pick)
     if relu and sides[2].clamp is None:
-        v = torch.where(v < 0, torch.zeros((), dtype=v.dtype, device=v.device), v)
+        v = _relu(v)
     out.copy_(v.view_as(out))
     return out
 
