@@ -126,20 +126,8 @@ def table(rows: list[dict], scale: float) -> str:
                      f"{r['correct']} | {r['wrong']} | {r['unanswered']} | {r['extra']} | "
                      f"{r['score']} ({r['winner_score']}) | {len(r['over_limit'])} | {peer} | "
                      f"{r['seconds']:.0f} |")  # fmt: skip
-    keys = (
-        "instances",
-        "winner_answered",
-        "correct",
-        "wrong",
-        "unanswered",
-        "extra",
-        "seconds",
-        "score",
-        "winner_score",
-        "ours_on_peer_rows",
-        "peer_correct",
-        "peer_rows",
-    )
+    keys = ("instances", "winner_answered", "correct", "wrong", "unanswered", "extra",
+            "seconds", "score", "winner_score", "ours_on_peer_rows", "peer_correct", "peer_rows")  # fmt: skip
     total = {k: sum(r[k] for r in rows) for k in keys}
     over = sum(len(r["over_limit"]) for r in rows)
     lines.append(f"| **all** | {total['instances']} | {total['winner_answered']} | "
@@ -154,26 +142,26 @@ def table(rows: list[dict], scale: float) -> str:
     return head + "\n".join(lines) + tail
 
 
-def modes_table(scale: float) -> str:
+def modes_table(scale: float) -> str | None:
     """Correct answers and score per benchmark under each splitting mode, for the benchmarks
-    with all three results CSVs; the best fixed mode and auto's shortfall against it."""
-    names = sorted(p.parent.name for p in DATA.glob("*/instances.csv"))
-    lines = ["| benchmark | winner answered | auto | input | relu | auto - best fixed |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for name in names:
+    with all three results CSVs (None when there is none); auto's shortfall against the best
+    fixed mode."""
+    rows = []
+    for name in sorted(p.parent.name for p in DATA.glob("*/instances.csv")):
         paths = [RESULTS / f"runall_{name}{suffix(m)}.csv" for m in MODES]
         if not all(p.exists() for p in paths):
             continue
         got = [grade(name, p, scale) for p in paths]
         cells = [f"{g['correct']} ({g['score']})" for g in got]
         best = max(g["correct"] for g in got[1:])
-        lines.append(f"| {name} | {got[0]['winner_answered']} | {' | '.join(cells)} | "
-                     f"{got[0]['correct'] - best:+d} |")  # fmt: skip
-    head = (
-        f"`verify run-all --splitting MODE` at {scale:g} of the timeouts: correct answers "
-        "against the 2023 winner (VNN-COMP score)\n\n"
-    )
-    return head + "\n".join(lines)
+        rows.append(f"| {name} | {got[0]['winner_answered']} | {' | '.join(cells)} | "
+                    f"{got[0]['correct'] - best:+d} |")  # fmt: skip
+    if not rows:
+        return None
+    return (f"`verify run-all --splitting MODE` at {scale:g} of the timeouts: correct answers "
+            "against the 2023 winner (VNN-COMP score)\n\n"
+            "| benchmark | winner answered | auto | input | relu | auto - best fixed |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows))  # fmt: skip
 
 
 def main() -> None:
@@ -211,10 +199,9 @@ def main() -> None:
              "rows": rows}, indent=1))  # fmt: skip
     print(table(rows, args.scale))
     modes = modes_table(args.scale)
-    if modes.count("\n| ") > 1:
-        (RESULTS / "runall_modes.md").write_text(
-            f"# {time.strftime('%Y-%m-%d %H:%M')}\n\n{modes}\n"
-        )
+    if modes is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M")
+        (RESULTS / "runall_modes.md").write_text(f"# {stamp}\n\n{modes}\n")
         print(modes)
 
 
