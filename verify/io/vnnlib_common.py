@@ -73,8 +73,9 @@ Dnf = list
 
 
 PACE_AFTER = 0.1
-"""Share of a file's lines read before their rate predicts the rest (`Context.check_pace`);
-declarations come first and read faster, so early predictions fall short, not over."""
+"""Share of a stage's items (a file's lines, the terms to group) done before their rate
+predicts the rest (`Context.check_pace`); declarations come first and read faster, so early
+predictions fall short, not over."""
 
 
 class ParseDeadlineError(TimeoutError):
@@ -96,20 +97,30 @@ class Context:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise ParseDeadlineError(f"{self.path}: time limit reached while reading (line {line})")
 
-    def check_pace(self, line: int, lines: int) -> None:
-        """`check_time` on `line` of `lines`, and predictive: once `PACE_AFTER` of the lines
-        are read, `ParseDeadlineError` as soon as the rest, read at the rate so far, would end
-        past the deadline (the reader stops then, not at the deadline: dropping what it built
-        takes time too, 0.7-1.3 s on a 20-s read of nn4sys cardinality_1_7300)."""
+    def check_pace(
+        self,
+        done: int,
+        total: int,
+        what: str = "lines",
+        line: int | None = None,
+        since: float | None = None,
+    ) -> None:
+        """`check_time`, and predictive: once `PACE_AFTER` of a stage's `total` items (lines
+        read, terms grouped) are `done`, `ParseDeadlineError` as soon as the rest, at the rate
+        so far since the stage began (`since`; default: when reading began), would end past
+        the deadline; `what` names the items in the message. The reader stops then, not at the deadline: dropping what it built takes
+        time too, 0.7-1.3 s on a 20-s read of nn4sys cardinality_1_7300. `line` (default
+        `done`) is the line the message names."""
+        line = done if line is None else line
         self.check_time(line)
-        if self.deadline is None or line < PACE_AFTER * lines:
+        if self.deadline is None or done < max(1, PACE_AFTER * total):
             return
         now = time.monotonic()
-        spent = now - self.started
-        if now + spent * (lines - line) / line > self.deadline:
+        spent = now - (self.started if since is None else since)
+        if now + spent * (total - done) / done > self.deadline:
             raise ParseDeadlineError(
-                f"{self.path}: time limit: reading predicted to end past it (line {line} of "
-                f"{lines} after {spent:.1f} s)"
+                f"{self.path}: time limit: reading predicted to end past it (line {line}; "
+                f"{done} of {total} {what} after {spent:.1f} s)"
             )
 
     def error(self, message: str, line: int | None) -> SpecificationError:
@@ -355,10 +366,10 @@ def group_regions(
     _tighten(ctx, common, base_lower, base_upper, name)
     base_rows = [con for con in common if not _is_bound(con)]
     groups: dict[bytes, tuple[np.ndarray, np.ndarray, list[Polytope]]] = {}
-    entries = 0
+    entries, since = 0, time.monotonic()
     for k, term in enumerate(terms):
-        if k % 256 == 0:
-            ctx.check_time(last_line)
+        if k % 64 == 0:
+            ctx.check_pace(k, len(terms), "terms grouped", last_line, since)
         lower, upper = base_lower.copy(), base_upper.copy()
         _tighten(ctx, term, lower, upper, name)
         _check_box(ctx, lower, upper, name, missing_line)
