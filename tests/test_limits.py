@@ -86,11 +86,13 @@ def test_verify_honours_short_limits_on_the_held_out_like_net(splitting, limit):
 
 
 def test_a_smaller_net_gets_past_the_root_and_still_stops_in_time():
-    """16 channels: the root ends early, the time goes to branching, attacks and rechecks."""
+    """16 channels: the root ends early, the time goes to branching, attacks and rechecks.
+    How many domains depends on the core's throughput (282 alone here, 38 sharing its core
+    with a busy loop, 10 in one CI run), so the test asks for the root's first split only."""
     net, prop = held_out_like(16)
     result, elapsed = timed(verify.verify, net, prop, timeout=4.0, splitting="relu")
     assert elapsed <= allowed(4.0), (elapsed, result.stats)
-    assert result.stats["regions"][0]["domains"] > 10
+    assert result.stats["regions"][0]["domains"] >= 3  # the root and its two children
 
 
 @pytest.mark.slow
