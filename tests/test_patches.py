@@ -27,12 +27,13 @@ from bounds.methods.crown import (
     default_lines,
     needs_crown,
     patch_bound,
+    patches_start,
     unstable_indices,
     window_lines,
+    window_walk,
     windowed_activations,
 )
 from bounds.methods.patches import to_dense
-from bounds.ops import ConvOp
 from bounds.types import Interval
 from tests.model_zoo import make
 from tests.soundness import assert_contains, box_samples, spec_values
@@ -42,6 +43,45 @@ RTOL = 1e-9
 
 def _chain(*layers: nn.Module) -> nn.Sequential:
     return nn.Sequential(*layers).double().eval()
+
+
+class YoloBlocks(nn.Module):
+    """TinyYOLO's shape (VNN-COMP 2023): a skip convolution beside conv-ReLU-conv, an identity
+    skip, average pooling, a residual subtraction, then a strided head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv2d
+        self.skip, self.c1, self.c3 = (
+            conv(2, 3, 3, padding=1),
+            conv(2, 3, 3, padding=1),
+            conv(3, 3, 3, padding=1),
+        )
+        self.c5, self.c7 = conv(3, 3, 3, padding=1), conv(3, 3, (3, 1), padding=(1, 0))
+        self.pool = nn.AvgPool2d(2)
+        self.c12, self.c14 = conv(3, 3, 3, padding=1), conv(3, 3, 1)
+        self.head = conv(3, 2, 3, stride=2)
+
+    def forward(self, x):
+        a = self.skip(x) + self.c3(torch.relu(self.c1(x)))
+        b = torch.relu(a + self.c7(torch.relu(self.c5(a))))
+        p = self.pool(b)
+        c = torch.relu(p - self.c14(torch.relu(self.c12(p))))
+        return self.head(c)
+
+
+class MixedStrides(nn.Module):
+    """A sum of two paths with different strides to the input (a 1x1 convolution of stride 2,
+    a 5x5 one of stride 1): their windows are not translates of each other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(1, 2, 1, stride=2), nn.Conv2d(1, 2, 5)
+        self.c1, self.c2 = nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x):
+        h = torch.relu(self.c1(torch.relu(self.a(x) + self.b(x))))
+        return self.c2(h)
 
 
 def _nets() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
@@ -103,6 +143,8 @@ def _nets() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
             (2, 8, 8),
         ),
         "residual": make("residual"),
+        "yolo_blocks": (YoloBlocks().double().eval(), (2, 14, 16)),
+        "mixed_strides": (MixedStrides().double().eval(), (1, 8, 8)),
     }  # fmt: skip
 
 
@@ -119,7 +161,8 @@ def _setup(name: str, batch: int = 2, eps: float = 0.3):
 
 
 def _conv_targets(graph) -> list[str]:
-    names = [n for n in needs_crown(graph) if isinstance(graph[n].op, ConvOp)]
+    """The CROWN targets bounded in patches mode (convolutions, residual sums)."""
+    names = [n for n in needs_crown(graph) if patches_start(graph[n])]
     assert names, "the case has no convolution bounded by CROWN"
     return names
 
@@ -140,7 +183,7 @@ def test_patches_equal_dense_crown_lines(name):
         torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.parametrize("name", ["conv_fc", "residual", "stride_padding"])
+@pytest.mark.parametrize("name", ["conv_fc", "residual", "stride_padding", "yolo_blocks"])
 def test_bound_neurons_equal_dense(name):
     """Every CROWN target (convolutions in patches mode, fully connected layers from their
     rows) gets the dense pass's bounds on `unit_functionals`."""
@@ -173,7 +216,8 @@ def _alpha_lines(graph, intervals, specs: int, batch: int, seed: int):
 
 
 @pytest.mark.parametrize(
-    "name", ["stride_padding", "dilation_groups", "residual", "avg_pool", "rectangular"]
+    "name",
+    ["stride_padding", "dilation_groups", "residual", "avg_pool", "rectangular", "yolo_blocks"],
 )
 def test_patches_equal_dense_per_spec_lines_and_gradients(name):
     _, graph, box, intervals = _setup(name)
@@ -208,9 +252,9 @@ def test_chain_stays_in_windows(monkeypatch):
         patch_bound(graph, node, torch.arange(10), box, lines)
 
 
-@pytest.mark.parametrize("name", ["residual", "window_fills_node"])
+@pytest.mark.parametrize("name", ["mixed_strides", "window_fills_node"])
 def test_fallback_is_taken(monkeypatch, name):
-    """A two-input op on the way (the residual sum) or a window filling its node goes dense."""
+    """Two paths to one node with different strides, or a window filling its node, go dense."""
     _, graph, box, intervals = _setup(name)
     calls = []
     original = crown.to_dense
@@ -224,6 +268,70 @@ def test_fallback_is_taken(monkeypatch, name):
         index = torch.arange(int(torch.Size(graph[node].shape).numel()))
         patch_bound(graph, node, index, box, default_lines(graph, intervals))
     assert calls
+
+
+def test_residual_blocks_stay_in_windows(monkeypatch):
+    """Through residual sums (an identity skip, a convolution beside the branch, a
+    subtraction) and pooling, every neuron's functional stays on windows to the input; each
+    node is visited once, after all its consumers on the way."""
+    monkeypatch.setattr(crown, "WINDOW_SHARE", 1.0)  # windows up to their nodes' size
+    _, graph, box, intervals = _setup("yolo_blocks")
+    lines = default_lines(graph, intervals)
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    for node in _conv_targets(graph):
+        walk = window_walk(graph, node)
+        names = [n.name for n, _ in walk.steps]
+        assert not walk.cut and names[-1] == graph.input.name
+        assert len(set(names)) == len(names)
+        assert [position[n] for n in names] == sorted((position[n] for n in names), reverse=True)
+
+    def refuse(*args):
+        raise AssertionError("dense functional on residual blocks")
+
+    monkeypatch.setattr(crown, "to_dense", refuse)
+    monkeypatch.setattr(crown, "unit_functionals", refuse)
+    for node in _conv_targets(graph):
+        index = torch.arange(int(torch.Size(graph[node].shape).numel()))
+        patch_bound(graph, node, index, box, lines)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.5])
+def test_a_cut_of_several_nodes_equals_dense(monkeypatch, share):
+    """Windows that outgrow `WINDOW_SHARE` while several nodes are left (both branches of a
+    residual block) make every one of those nodes dense at once: the dense pass's bounds."""
+    monkeypatch.setattr(crown, "WINDOW_SHARE", share)
+    _, graph, box, intervals = _setup("yolo_blocks")
+    lines = default_lines(graph, intervals)
+    cuts = 0
+    for node in _conv_targets(graph):
+        cuts += len(window_walk(graph, node).cut) > 1
+        index = torch.arange(int(torch.Size(graph[node].shape).numel()))
+        got = patch_bound(graph, node, index, box, lines)
+        torch.testing.assert_close(
+            got, _dense(graph, node, index, box, lines), rtol=RTOL, atol=RTOL
+        )
+    assert cuts, "no cut of several nodes"
+
+
+def test_residual_windows_sound_in_floating_point():
+    """A float32 network's residual blocks with the rounding tracked (`intervals`: each step's
+    and each merge's): every bound lies on the right side of the neurons' float64 values at
+    sampled points and box corners."""
+    _, graph, box, _ = _setup("yolo_blocks", eps=0.5)
+    g32 = graph.to(torch.float32, "cpu")
+    box32 = Interval(box.lower.float(), box.upper.float())
+    iv32 = crown_intervals(g32, box32)  # sound in floating point, rounded outward
+    lines = default_lines(g32, iv32)
+    values = graph.forward(
+        box_samples(box32.lower.double(), box32.upper.double(), 300).flatten(0, 1),
+        all_values=True,
+    )
+    for node in _conv_targets(g32):
+        numel = int(torch.Size(g32[node].shape).numel())
+        index = torch.arange(numel)
+        got = patch_bound(g32, node, index, box32, lines, iv32).double()
+        v = values[node].reshape(2, -1, numel)
+        assert (got[:, None, :numel] <= v).all() and (-got[:, None, numel:] >= v).all(), node
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
@@ -255,7 +363,7 @@ def _alpha_problem(graph, box, intervals):
     return _Problem(graph, box, C, intervals, targets, (), chunks)
 
 
-@pytest.mark.parametrize("name", ["stride_padding", "sigmoid_chain", "avg_pool"])
+@pytest.mark.parametrize("name", ["stride_padding", "sigmoid_chain", "avg_pool", "yolo_blocks"])
 def test_window_slopes_equal_dense_slopes(monkeypatch, name):
     """alpha-CROWN's slopes on the windows (`_init_alphas`) give each convolution's bounds and
     their gradients of the dense slopes (scattered back, zero outside the windows)."""
@@ -299,7 +407,7 @@ def test_window_slopes_equal_dense_slopes(monkeypatch, name):
     assert checked, "no slopes on windows"
 
 
-@pytest.mark.parametrize("name", ["stride_padding", "dilation_groups"])
+@pytest.mark.parametrize("name", ["stride_padding", "dilation_groups", "yolo_blocks"])
 def test_alpha_crown_windows_equal_dense(monkeypatch, name):
     """alpha-CROWN with its intermediate slopes on the windows gives the dense run's bounds
     (slopes outside the windows get no gradient, so Adam never moves them). Two steps: Adam

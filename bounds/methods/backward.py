@@ -132,20 +132,21 @@ def _map(fn, value):
 
 def backward_bound(
     graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn,
-    intervals: dict[str, Interval] | None = None,
+    intervals: dict[str, Interval] | None = None, also: dict[str, Tensor] | None = None,
 ) -> Tensor:  # fmt: skip
-    """Lower bound of `A . v_start` over the input box, `[batch, specs]`.
+    """Lower bound of `A . v_start` over the input box, `[batch, specs]` (plus `also`'s
+    functionals on other nodes, `backward_pass`).
 
     `lines(act)` gives the activation's lines, broadcastable to `[batch, specs, *shape]`.
     With the (sound) `intervals` of every node the pass reaches, the bound holds in floating
     point: every step's rounding is bounded and subtracted (`backward_pass`).
     """
-    return backward_linear(graph, start, A, box, lines, intervals)[0]
+    return backward_linear(graph, start, A, box, lines, intervals, also)[0]
 
 
 def backward_linear(
     graph: Graph, start: str, A: Tensor, box: Interval, lines: LinesFn,
-    intervals: dict[str, Interval] | None = None,
+    intervals: dict[str, Interval] | None = None, also: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """`backward_bound`, and the functional on the input that it minimised over the box
     (`[batch, specs, *input_shape]`, None if the pass does not reach the input): with
@@ -168,12 +169,12 @@ def backward_linear(
             ),
         )
 
-    return backward_pass(graph, start, A, box, relax, intervals)
+    return backward_pass(graph, start, A, box, relax, intervals, also)
 
 
 def backward_pass(
     graph: Graph, start: str, A: Tensor, box: Interval, relax: RelaxFn,
-    intervals: dict[str, Interval] | None = None,
+    intervals: dict[str, Interval] | None = None, also: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The backward pass of `A . v_start` to the input: `(lower bound [batch, specs], the
     functional on the input [batch, specs, *input_shape] or None if it does not reach it)`.
@@ -187,8 +188,11 @@ def backward_pass(
     step's deviation from the exact identity it stands for is bounded against the magnitudes of
     the nodes' values (`BoundOp.backward_error`, `relax_rounding`, the merges of functionals
     and the running sum), then subtracted, rounded down. A step whose rounding is unknown
-    (`relax` gives None) makes the bound -inf."""
-    pending: dict[str, Tensor] = {start: A}
+    (`relax` gives None) makes the bound -inf.
+
+    `also`: functionals `[batch, specs, *shape]` on other nodes than `start` (e.g. a cut of
+    the graph, `patch_bound`'s); the bound is then of their sum with `A . v_start`."""
+    pending: dict[str, Tensor] = {**(also or {}), start: A}
     total = A.new_zeros(A.shape[:2])
     err = A.new_zeros(A.shape[:2]) if intervals is not None else None
     sizes: dict[str, Tensor] = {}

@@ -9,6 +9,10 @@ window may reach outside the node, where the values are zero (`masked`). Reading
 tensor at the windows (`read_windows`) and scattering windowed values to the dense functional
 (`to_dense`) are the two ways between the forms; a convolution's adjoint on windows is
 `ConvOp.adjoint_window`, and the windows it gives `ConvOp.windows_below`.
+
+Through a DAG (a residual block's `add`), each node's windows are a `Placement`: the same window
+for every neuron, translated with it, so two paths' windows on one node are merged as their
+union (`union`), each path's values zero-padded into it (`place`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -27,6 +32,48 @@ class Windows:
     rows: Tensor
     cols: Tensor
     size: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Windows as an affine map of the start neurons' positions: the neuron at `(row, col)` has
+    its window on a node at origin `(scale[0] row + shift[0], scale[1] col + shift[1])`, of
+    `size` (Python ints: the same for every neuron; a convolution multiplies `scale` by its
+    stride, `ConvOp.window_below`)."""
+
+    scale: tuple[int, int]
+    shift: tuple[int, int]
+    size: tuple[int, int]
+
+    def windows(self, rows: Tensor, cols: Tensor) -> Windows:
+        """The `Windows` of the neurons at `rows`, `cols` (`[S]`, `unit_windows`' origins)."""
+        return Windows(
+            rows * self.scale[0] + self.shift[0], cols * self.scale[1] + self.shift[1], self.size
+        )
+
+
+UNIT = Placement((1, 1), (0, 0), (1, 1))
+"""A neuron's own `1 x 1` window (`unit_windows`)."""
+
+
+def union(a: Placement, b: Placement) -> Placement | None:
+    """The smallest placement that holds the windows of both (None when their scales differ:
+    the offset between the two windows would depend on the neuron)."""
+    if a.scale != b.scale:
+        return None
+    shift = (min(a.shift[0], b.shift[0]), min(a.shift[1], b.shift[1]))
+    size = tuple(max(a.shift[i] + a.size[i], b.shift[i] + b.size[i]) - shift[i] for i in range(2))
+    return Placement(a.scale, shift, size)
+
+
+def place(values: Tensor, at: Placement, into: Placement) -> Tensor:
+    """`values [..., Mh, Mw]` on the windows `at`, zero-padded to the windows `into` (which hold
+    them: `union`); exact."""
+    if at == into:
+        return values
+    top, left = at.shift[0] - into.shift[0], at.shift[1] - into.shift[1]
+    bottom, right = into.size[0] - top - at.size[0], into.size[1] - left - at.size[1]
+    return F.pad(values, (left, right, top, bottom))
 
 
 def unit_windows(index: Tensor, shape: tuple[int, ...]) -> Windows:
