@@ -11,7 +11,6 @@ final bounds) and its other capabilities:
 imports no method: `bounds/__init__.py` imports every module of `bounds.methods`, `bounds.dual`
 and `bounds.lp`, so a method file is found by being there."""
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -124,8 +123,6 @@ def methods_with(capability: str) -> tuple[str, ...]:
     """The names of the methods that have `capability` (`CAPABILITIES`), in registration
     order."""
     return tuple(name for name, method in _METHODS.items() if method.can(capability))
-
-
 
 
 def intermediate_intervals(

@@ -39,7 +39,6 @@ def chosen_intervals(
     )
 
 
-
 def _initial_slopes(graph, box, C, c, config, given, deadline=None, durations=None):
     """`(intervals, slopes, floor [B, 2S])` to start a dual method from.
 
@@ -129,8 +128,6 @@ def decomposition_method(solve_fn: Callable[..., Any]) -> Callable[..., MethodRe
         )  # fmt: skip
 
     return run
-
-
 
 
 def anderson_method(

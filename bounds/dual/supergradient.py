@@ -64,7 +64,9 @@ def ascent_step(p: Problem, state: AscentState, step: Tensor) -> AscentState:
     """One Adam ascent step on `q` along the supergradient, then `q` and its supergradient at
     the new duals and the best-so-far update (pure: `torch.compile` fuses it)."""
     projections = (identity,) * len(state.rho)
-    params, m, v, t = adam_ascent(state.rho, state.grad, state.m, state.v, state.t, step, projections)
+    params, m, v, t = adam_ascent(
+        state.rho, state.grad, state.m, state.v, state.t, step, projections
+    )
     rho = Duals(params)
     value, solutions = evaluate(p, rho)
     improved = value > state.best_value

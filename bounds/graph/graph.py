@@ -68,6 +68,11 @@ class Graph:
         return self.to(torch.float64, consts[0].device)
 
     @cached_property
+    def cones(self) -> dict[bytes, dict[str, Tensor]]:
+        """`bounds.graph.cone.spec_cone`'s cache: per set of outputs, each node's cone."""
+        return {}
+
+    @cached_property
     def _index(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 

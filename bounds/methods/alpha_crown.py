@@ -30,6 +30,7 @@ from bounds.compile import (
     should_compile,
     step_function,
 )
+from bounds.graph.cone import spec_cone
 from bounds.graph.graph import Graph
 from bounds.methods.alpha_targets import activations_before, intermediate_targets
 from bounds.methods.backward import Lines, LinesFn, backward_bound, relaxation_bounds
@@ -414,14 +415,17 @@ def alpha_crown(
     start_time = time.perf_counter()
     stop_at = deadline_of(budget, deadline)
     durations = [] if durations is None else durations  # CROWN's chunks predict the first pass
+    cone = spec_cone(graph, C)
     base = (
         intervals
         if intervals is not None
-        else crown_intervals(graph, box, deadline=stop_at, exact=exact, durations=durations)
+        else crown_intervals(
+            graph, box, deadline=stop_at, exact=exact, durations=durations, cone=cone
+        )
     )
     predicted = predicted_past(stop_at, durations)  # not even a chunk fits
     targets = intermediate_targets(
-        graph, box, base, config.optimize_intermediate, stop_at, predicted
+        graph, box, base, config.optimize_intermediate, stop_at, predicted, cone
     )
     batch = box.lower.shape[0]
     chunks = {n: neuron_chunk(graph, batch, index.numel()) for n, index in targets.items()}
@@ -483,7 +487,9 @@ def alpha_crown_intermediate(
     """alpha-CROWN's intervals, its slopes optimised for `C` (`IntermediateBounds`; its
     default iterations), CROWN's chunks predicting its first pass."""
     durations: list[float] = []
-    base = crown_intervals(graph, box, given, deadline, durations=durations)
+    base = crown_intervals(
+        graph, box, given, deadline, durations=durations, cone=spec_cone(graph, C)
+    )
     config = AlphaCrownConfig()
     return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline,
                        durations=durations)[2]  # fmt: skip
@@ -495,6 +501,7 @@ def alpha_crown_intermediate(
 )  # fmt: skip
 def _alpha_crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     deadline = deadline_of(budget)
-    base = crown_intervals(graph, box, given, deadline, exact=exact) if given else None
+    cone = spec_cone(graph, C)
+    base = crown_intervals(graph, box, given, deadline, exact=exact, cone=cone) if given else None
     return alpha_crown(graph, box, C, config, budget, intervals=base, deadline=deadline,
                        exact=exact)  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bounds.graph.cone import in_cone
 from bounds.graph.graph import Graph
 from bounds.methods.crown import needs_crown, unstable_indices
 from bounds.methods.pacing import passed
@@ -40,15 +41,17 @@ def within_memory(graph: Graph, batch: int, targets: dict[str, Tensor]) -> dict[
 
 def intermediate_targets(
     graph: Graph, box: Interval, base: dict[str, Interval], optimize: bool,
-    stop_at: float | None, predicted: bool,
+    stop_at: float | None, predicted: bool, cone: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The ambiguous neurons (flat indices) of each pre-activation node whose slopes are
     optimised, within memory: none unless `optimize` (`optimize_intermediate`), when not even a chunk is
-    `predicted` to fit, or past the deadline."""
+    `predicted` to fit, or past the deadline; only those in the `cone` where given
+    (`bounds.graph.cone.spec_cone`)."""
     targets = {}
     if optimize and not (predicted or passed(stop_at)):
         for name in needs_crown(graph):
             index = unstable_indices(graph, name, base[name])
+            index = in_cone(cone, name, index)
             if index.numel():
                 targets[name] = index
         targets = within_memory(graph, box.lower.shape[0], targets)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from bounds.errors import at_node
+from bounds.graph.cone import in_cone, spec_cone
 from bounds.graph.graph import Graph, Node, node_interval
 from bounds.methods.backward import (
     Lines,
@@ -426,6 +427,7 @@ def crown_intervals(
     exact: bool = True,
     durations: list[float] | None = None,
     targets: list[str] | None = None,
+    cone: dict[str, Tensor] | None = None,
 ) -> dict[str, Interval]:
     """Intervals of every node: IBP, intersected with CROWN on the ambiguous pre-activations
     and with the `given` intervals (valid on the region: e.g. the ReLU splits of a branch-and-
@@ -442,11 +444,13 @@ def crown_intervals(
     float64 (`Graph.float64`) and rounded outward. `exact=False`: in the network's dtype, the
     backward passes' rounding not accounted for (faster; not sound in floating point: for
     searches whose closing bounds are rechecked exactly). `targets`: the pre-activations CROWN
-    bounds (default: `needs_crown`); the others keep IBP's intervals (with `given`)."""
+    bounds (default: `needs_crown`); the others keep IBP's intervals (with `given`). `cone`
+    (`bounds.graph.cone.spec_cone`): CROWN bounds only the neurons in it, the others keep
+    their IBP intervals (the bounds on the cone's outputs are the same)."""
     if exact and box.lower.dtype != torch.float64:
         found = crown_intervals(
             graph.float64, in_float64(box), intervals_in_float64(given), deadline, every_neuron,
-            True, durations, targets,
+            True, durations, targets, cone,
         )  # fmt: skip
         return intervals_outward(found, box.lower.dtype)
     intervals: dict[str, Interval] = {graph.input.name: box}
@@ -462,6 +466,7 @@ def crown_intervals(
             index = unstable_indices(graph, node.name, iv)
             if every_neuron:
                 index = torch.arange(iv.lower[0].numel(), device=iv.lower.device)
+            index = in_cone(cone, node.name, index)
             if index.numel():
                 chain = copy_chain(graph, node.name)
                 bound = partial(_crown_neurons, graph, box, intervals, deadline, exact, durations)
@@ -537,7 +542,10 @@ def crown(
         args = (every_neuron, deadline, True, linear)
         return bounds_in_float64(crown, graph, box, C, given, *args)
     durations: list[float] = []
-    intervals = crown_intervals(graph, box, given, deadline, every_neuron, exact, durations)
+    cone = spec_cone(graph, C)
+    intervals = crown_intervals(
+        graph, box, given, deadline, every_neuron, exact, durations, cone=cone
+    )
     # the output's pass, predicted to take as long as the longest intermediate chunk
     run = not passed(deadline) and not predicted_past(deadline, durations)
     return (*output_bounds(graph, box, C, intervals, exact, linear, run), intervals)
@@ -575,8 +583,8 @@ def crown_intermediate(
     given: dict[str, Interval] | None = None, deadline: float | None = None,
     start: IntermediateBounds | None = None,
 ) -> dict[str, Interval]:  # fmt: skip
-    """CROWN's intervals (`IntermediateBounds`)."""
-    return crown_intervals(graph, box, given, deadline)
+    """CROWN's intervals (`IntermediateBounds`), of the neurons in the cone of `C`."""
+    return crown_intervals(graph, box, given, deadline, cone=spec_cone(graph, C))
 
 
 @register_method(

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from bounds.errors import UnsupportedOperationError
+from bounds.graph.cone import spec_cone
 from bounds.methods import beta_crown
 from bounds.methods.alpha_crown import AlphaCrownConfig, alpha_crown
 from bounds.methods.beta_crown import SplitResult
@@ -55,7 +56,8 @@ def root_domains(b: RootSide, try_points: Callable[[Tensor], Found]) -> tuple[Re
     points `[m, *input_shape]` (before the intermediate bounds are tightened, and after)."""
     t = b.t
     tick = time.perf_counter()
-    intervals = crown_intervals(t.check.graph, t.box64, deadline=t.deadline)
+    cone = spec_cone(t.check.graph, t.check.spec.C)  # the neurons the rows depend on
+    intervals = crown_intervals(t.check.graph, t.box64, deadline=t.deadline, cone=cone)
     crown_seconds = time.perf_counter() - tick
     b.set_base(flat_intervals(intervals, t.layout))
     tick = time.perf_counter()
