@@ -76,11 +76,11 @@ def run(config: str, graph, box, C, sample: int) -> dict:
     if config == "chain":
         crown._sum_step = lambda node, w: False
     try:
-        cone = spec_cone(graph, C.unsqueeze(0)) if config == "dag+cone" else None
+        cone = spec_cone(graph, C) if config == "dag+cone" else None
         tick = time.perf_counter()
         intervals = crown.crown_intervals(graph, box, cone=cone)
         seconds = time.perf_counter() - tick
-        low, _ = crown.output_bounds(graph, box, C.unsqueeze(0), intervals, True)
+        low, _ = crown.output_bounds(graph, box, C, intervals, True)
     finally:
         crown._crown_neurons, crown._sum_step = original_neurons, original_sum
     return {"layers": layers, "seconds": seconds, "rows_lower": low[0].tolist()}
