@@ -3,7 +3,7 @@ neurons bounded and the seconds, with the windows (patches) of each neuron's fun
 
 - `chain`: kept along a single path only, dense from the first residual sum (before);
 - `dag`: carried through residual sums, each node's windows the union of its consumers'
-  (`bounds.methods.crown.window_walk`);
+  (`bounds.methods.windows.window_walk`);
 - `dag+cone`: and only the neurons the property's rows depend on (`bounds.graph.cone`).
 
 Float64 with the rounding tracked (sound: what the ReLU search's root computes), 1 torch
@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bounds.methods.crown as crown
+import bounds.methods.windows as windows
 import verify
 from benchmarks.common import DATA, RESULTS, write_json
 from bounds.graph.cone import spec_cone
@@ -55,7 +56,7 @@ def problem(prop: str):
 def run(config: str, graph, box, C, sample: int) -> dict:
     """Per layer: neurons, neurons timed, seconds, seconds scaled to all; and the rows' bounds."""
     layers: dict[str, dict] = {}
-    original_neurons, original_sum = crown._crown_neurons, crown._sum_step
+    original_neurons, original_sum = crown._crown_neurons, windows._sum_step
 
     def timed(*args):
         name, index = args[-2], args[-1]
@@ -74,7 +75,7 @@ def run(config: str, graph, box, C, sample: int) -> dict:
 
     crown._crown_neurons = timed
     if config == "chain":
-        crown._sum_step = lambda node, w: False
+        windows._sum_step = lambda node, w: False
     try:
         cone = spec_cone(graph, C) if config == "dag+cone" else None
         tick = time.perf_counter()
@@ -82,7 +83,7 @@ def run(config: str, graph, box, C, sample: int) -> dict:
         seconds = time.perf_counter() - tick
         low, _ = crown.output_bounds(graph, box, C, intervals, True)
     finally:
-        crown._crown_neurons, crown._sum_step = original_neurons, original_sum
+        crown._crown_neurons, windows._sum_step = original_neurons, original_sum
     return {"layers": layers, "seconds": seconds, "rows_lower": low[0].tolist()}
 
 

@@ -1,4 +1,4 @@
-"""Patches mode (`bounds.methods.crown.patch_bound`): the same bounds as the dense backward
+"""Patches mode (`bounds.methods.windows.patch_bound`): the same bounds as the dense backward
 pass on `unit_functionals`, for convolutions with strides, paddings, dilations, groups and
 rectangular kernels, with shared (CROWN) and per-spec (alpha-CROWN) lines and their gradients,
 through the dense fallback (a residual connection, a window as large as its node); and
@@ -12,6 +12,7 @@ from torch import nn
 
 from bounds.graph.graph import build_graph
 from bounds.methods import crown
+from bounds.methods import windows as window_module
 from bounds.methods.alpha_crown import (
     AlphaCrownConfig,
     _chunk_lines,
@@ -26,14 +27,16 @@ from bounds.methods.crown import (
     crown_intervals,
     default_lines,
     needs_crown,
+    unstable_indices,
+)
+from bounds.methods.patches import to_dense
+from bounds.methods.windows import (
     patch_bound,
     patches_start,
-    unstable_indices,
     window_lines,
     window_walk,
     windowed_activations,
 )
-from bounds.methods.patches import to_dense
 from bounds.types import Interval
 from tests.model_zoo import make
 from tests.soundness import assert_contains, box_samples, spec_values
@@ -246,7 +249,7 @@ def test_chain_stays_in_windows(monkeypatch):
     def refuse(*args):
         raise AssertionError("dense fallback on a chain")
 
-    monkeypatch.setattr(crown, "to_dense", refuse)
+    monkeypatch.setattr(window_module, "to_dense", refuse)
     monkeypatch.setattr(crown, "unit_functionals", refuse)
     for node in _conv_targets(graph):
         patch_bound(graph, node, torch.arange(10), box, lines)
@@ -257,13 +260,13 @@ def test_fallback_is_taken(monkeypatch, name):
     """Two paths to one node with different strides, or a window filling its node, go dense."""
     _, graph, box, intervals = _setup(name)
     calls = []
-    original = crown.to_dense
+    original = window_module.to_dense
 
     def counted(*args):
         calls.append(1)
         return original(*args)
 
-    monkeypatch.setattr(crown, "to_dense", counted)
+    monkeypatch.setattr(window_module, "to_dense", counted)
     for node in _conv_targets(graph):
         index = torch.arange(int(torch.Size(graph[node].shape).numel()))
         patch_bound(graph, node, index, box, default_lines(graph, intervals))
@@ -274,7 +277,7 @@ def test_residual_blocks_stay_in_windows(monkeypatch):
     """Through residual sums (an identity skip, a convolution beside the branch, a
     subtraction) and pooling, every neuron's functional stays on windows to the input; each
     node is visited once, after all its consumers on the way."""
-    monkeypatch.setattr(crown, "WINDOW_SHARE", 1.0)  # windows up to their nodes' size
+    monkeypatch.setattr(window_module, "WINDOW_SHARE", 1.0)  # windows up to their nodes' size
     _, graph, box, intervals = _setup("yolo_blocks")
     lines = default_lines(graph, intervals)
     position = {node.name: i for i, node in enumerate(graph.nodes)}
@@ -288,7 +291,7 @@ def test_residual_blocks_stay_in_windows(monkeypatch):
     def refuse(*args):
         raise AssertionError("dense functional on residual blocks")
 
-    monkeypatch.setattr(crown, "to_dense", refuse)
+    monkeypatch.setattr(window_module, "to_dense", refuse)
     monkeypatch.setattr(crown, "unit_functionals", refuse)
     for node in _conv_targets(graph):
         index = torch.arange(int(torch.Size(graph[node].shape).numel()))
@@ -299,7 +302,7 @@ def test_residual_blocks_stay_in_windows(monkeypatch):
 def test_a_cut_of_several_nodes_equals_dense(monkeypatch, share):
     """Windows that outgrow `WINDOW_SHARE` while several nodes are left (both branches of a
     residual block) make every one of those nodes dense at once: the dense pass's bounds."""
-    monkeypatch.setattr(crown, "WINDOW_SHARE", share)
+    monkeypatch.setattr(window_module, "WINDOW_SHARE", share)
     _, graph, box, intervals = _setup("yolo_blocks")
     lines = default_lines(graph, intervals)
     cuts = 0
@@ -371,7 +374,7 @@ def test_window_slopes_equal_dense_slopes(monkeypatch, name):
     problem = _alpha_problem(graph, box, intervals)
     windowed = _init_alphas(problem)
     with monkeypatch.context() as m:
-        m.setattr(crown, "_window_step", lambda node, w: False)
+        m.setattr(window_module, "_window_step", lambda node, w: False)
         dense = _init_alphas(problem)
     checked = 0
     for start in _conv_targets(graph):
@@ -382,7 +385,7 @@ def test_window_slopes_equal_dense_slopes(monkeypatch, name):
         for alphas, patch in ((windowed, True), (dense, False)):
             with monkeypatch.context() as m:
                 if not patch:
-                    m.setattr(crown, "_window_step", lambda node, w: False)
+                    m.setattr(window_module, "_window_step", lambda node, w: False)
                 lines = _chunk_lines(problem, intervals, alphas, start)(0, index.numel())
                 result = patch_bound(graph, start, index, box, lines)
             keys = [k for k in alphas if k[0] == start]
@@ -421,7 +424,7 @@ def test_alpha_crown_windows_equal_dense(monkeypatch, name):
     C = torch.eye(outputs, dtype=torch.float64).expand(2, outputs, outputs)
     config = AlphaCrownConfig(iterations=2, lr=0.2, compile=False)
     windows = alpha_crown(graph, box, C, config)
-    monkeypatch.setattr(crown, "_window_step", lambda node, w: False)
+    monkeypatch.setattr(window_module, "_window_step", lambda node, w: False)
     dense = alpha_crown(graph, box, C, config)
     assert windows[3]["iterations"] == dense[3]["iterations"]
     for got, want in zip(windows[:2], dense[:2]):

@@ -2,9 +2,9 @@
 
 Every (start node, activation) pair has its own relaxation parameters `alpha` (the
 relaxation's own, `Relaxation.default_params` / `project`: ReLU's lower slopes in [0, 1], an
-S-shape's tangent points; called slopes below), one per spec and
-neuron: the final specs, and the `+-e_j` specs of each ambiguous pre-activation neuron when
-`optimize_intermediate` is set. Adam ascends the sum of the final lower bounds; intermediate
+S-shape's tangent points; called slopes below), one per spec and neuron: the final specs, and
+the `+-e_j` specs of each ambiguous pre-activation neuron (in the specs' output cone, `bounds.
+graph.cone`) when `optimize_intermediate` is set. Adam ascends the sum of the final lower bounds; intermediate
 bounds are recomputed each iteration and intersected with CROWN's, so they are never looser.
 Any alpha gives valid bounds: we keep the best bound per spec over all iterations, and the
 output slopes that gave it (`stats['best_slopes']`: evaluated again, e.g. in float64, they
@@ -43,10 +43,10 @@ from bounds.methods.crown import (
     scatter_bounds,
     split_output,
     straight_through,
-    windowed_activations,
 )
 from bounds.methods.pacing import Pacer, deadline_of, passed
 from bounds.methods.patches import Windows, read_windows
+from bounds.methods.windows import windowed_activations
 from bounds.optim import adam_ascent
 from bounds.registry import IntermediateBounds, MethodResult, register_method
 from bounds.rounding import in_float64, intervals_in_float64, intervals_outward
@@ -416,13 +416,8 @@ def alpha_crown(
     stop_at = deadline_of(budget, deadline)
     durations = [] if durations is None else durations  # CROWN's chunks predict the first pass
     cone = spec_cone(graph, C)
-    base = (
-        intervals
-        if intervals is not None
-        else crown_intervals(
-            graph, box, deadline=stop_at, exact=exact, durations=durations, cone=cone
-        )
-    )
+    base = intervals if intervals is not None else crown_intervals(
+        graph, box, deadline=stop_at, exact=exact, durations=durations, cone=cone)  # fmt: skip
     predicted = predicted_past(stop_at, durations)  # not even a chunk fits
     targets = intermediate_targets(
         graph, box, base, config.optimize_intermediate, stop_at, predicted, cone
@@ -487,11 +482,9 @@ def alpha_crown_intermediate(
     """alpha-CROWN's intervals, its slopes optimised for `C` (`IntermediateBounds`; its
     default iterations), CROWN's chunks predicting its first pass."""
     durations: list[float] = []
-    base = crown_intervals(
-        graph, box, given, deadline, durations=durations, cone=spec_cone(graph, C)
-    )
-    config = AlphaCrownConfig()
-    return alpha_crown(graph, box, C, config, intervals=base, deadline=deadline,
+    base = crown_intervals(graph, box, given, deadline, durations=durations,
+                           cone=spec_cone(graph, C))  # fmt: skip
+    return alpha_crown(graph, box, C, AlphaCrownConfig(), intervals=base, deadline=deadline,
                        durations=durations)[2]  # fmt: skip
 
 
@@ -501,7 +494,7 @@ def alpha_crown_intermediate(
 )  # fmt: skip
 def _alpha_crown(graph, box, C, config, budget, given, exact=True) -> MethodResult:
     deadline = deadline_of(budget)
-    cone = spec_cone(graph, C)
+    cone = spec_cone(graph, C)  # the neurons C's rows depend on
     base = crown_intervals(graph, box, given, deadline, exact=exact, cone=cone) if given else None
     return alpha_crown(graph, box, C, config, budget, intervals=base, deadline=deadline,
                        exact=exact)  # fmt: skip
