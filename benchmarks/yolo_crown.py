@@ -1,7 +1,8 @@
 """CROWN's root intervals on TinyYOLO (VNN-COMP 2023 `yolo`): per pre-activation layer, the
 neurons bounded and the seconds, with the windows (patches) of each neuron's functional
 
-- `chain`: kept along a single path only, dense from the first residual sum (before);
+- `chain`: kept along a single path only, dense from the first residual sum or where the
+  windows fill their node (the code before, `WINDOW_SHARE` 1);
 - `dag`: carried through residual sums, each node's windows the union of its consumers'
   (`bounds.methods.windows.window_walk`);
 - `dag+cone`: and only the neurons the property's rows depend on (`bounds.graph.cone`).
@@ -13,8 +14,12 @@ of the layer's targets) and scales to the layer's count ("s est."); `--sample 0`
 neuron (the bounds then come from the configuration's own intervals).
 
     python -m benchmarks.yolo_crown [--prop 000411] [--sample 512] [--configs chain,dag,dag+cone]
+        [--window-share 0.25]
 
-Writes benchmarks/results/yolo_crown_CONFIGS[_full].{json,md}. A sampled run scales each
+`--window-share` sets `bounds.methods.windows.WINDOW_SHARE` for `dag` and `dag+cone` (the
+share of a node's area past which the windows go dense).
+
+Writes benchmarks/results/yolo_crown_CONFIGS_shareS[_full].{json,md}. A sampled run scales each
 layer's sample, and the neurons left out keep IBP intervals, so the later layers' counts are
 those of a looser run than the real one: compare configurations within one sampled run.
 """
@@ -53,16 +58,16 @@ def problem(prop: str):
     return verify.network_graph(net, shape).float64, box, C, b
 
 
-def run(config: str, graph, box, C, sample: int) -> dict:
+def run(config: str, graph, box, C, sample: int, share: float) -> dict:
     """Per layer: neurons, neurons timed, seconds, seconds scaled to all; and the rows' bounds."""
     layers: dict[str, dict] = {}
-    original_neurons, original_sum = crown._crown_neurons, windows._sum_step
+    original = crown._crown_neurons, windows._sum_step, windows.WINDOW_SHARE
 
     def timed(*args):
         name, index = args[-2], args[-1]
         part = index if sample <= 0 else index[:sample]
         tick = time.perf_counter()
-        low, up = original_neurons(*args[:-1], part)
+        low, up = original[0](*args[:-1], part)
         seconds = time.perf_counter() - tick
         layers[name] = {"neurons": index.numel(), "timed": part.numel(), "seconds": seconds,
                         "estimated": seconds * index.numel() / max(1, part.numel())}  # fmt: skip
@@ -73,9 +78,9 @@ def run(config: str, graph, box, C, sample: int) -> dict:
             low, up = torch.cat([low, -inf], 1), torch.cat([up, inf], 1)
         return low, up
 
-    crown._crown_neurons = timed
+    crown._crown_neurons, windows.WINDOW_SHARE = timed, share
     if config == "chain":
-        windows._sum_step = lambda node, w: False
+        windows._sum_step, windows.WINDOW_SHARE = (lambda node, w: False), 1.0
     try:
         cone = spec_cone(graph, C) if config == "dag+cone" else None
         tick = time.perf_counter()
@@ -83,15 +88,16 @@ def run(config: str, graph, box, C, sample: int) -> dict:
         seconds = time.perf_counter() - tick
         low, _ = crown.output_bounds(graph, box, C, intervals, True)
     finally:
-        crown._crown_neurons, windows._sum_step = original_neurons, original_sum
+        crown._crown_neurons, windows._sum_step, windows.WINDOW_SHARE = original
     return {"layers": layers, "seconds": seconds, "rows_lower": low[0].tolist()}
 
 
-def table(results: dict, prop: str, sample: int, b: list[float]) -> str:
+def table(results: dict, prop: str, sample: int, share: float, b: list[float]) -> str:
     configs = list(results)
     names = list(next(iter(results.values()))["layers"])
     lines = [f"# TinyYOLO root CROWN intervals, prop {prop}, float64 sound, 1 thread",
-             f"(`python -m benchmarks.yolo_crown --prop {prop} --sample {sample}`)", "",
+             f"(`python -m benchmarks.yolo_crown --prop {prop} --sample {sample} "
+             f"--configs {','.join(results)} --window-share {share:g}`)", "",
              "| layer | " + " | ".join(f"{c} neurons | {c} s est." for c in configs) + " |",
              "|---" * (1 + 2 * len(configs)) + "|"]  # fmt: skip
     for name in names:
@@ -116,21 +122,19 @@ def main() -> None:
     parser.add_argument("--prop", default="000411")
     parser.add_argument("--sample", type=int, default=512, help="neurons timed per layer (0: all)")
     parser.add_argument("--configs", default="chain,dag,dag+cone")
+    parser.add_argument("--window-share", type=float, default=windows.WINDOW_SHARE)
     args = parser.parse_args()
     torch.set_num_threads(1)
     graph, box, C, b = problem(args.prop)
     results = {}
     for config in args.configs.split(","):
-        results[config] = run(config, graph, box, C, args.sample)
+        results[config] = run(config, graph, box, C, args.sample, args.window_share)
         print(config, f"{results[config]['seconds']:.1f} s", flush=True)
-    text = table(results, args.prop, args.sample, b.tolist())
+    text = table(results, args.prop, args.sample, args.window_share, b.tolist())
     print(text)
-    tag = f"_{args.configs.replace(',', '_').replace('+', '_')}" + (
-        "" if args.sample > 0 else "_full"
-    )
-    write_json(
-        RESULTS / f"yolo_crown{tag}.json", {"prop": args.prop, "sample": args.sample, **results}
-    )
+    tag = f"_{args.configs.replace(',', '_').replace('+', '_')}_share{args.window_share:g}"
+    tag += "" if args.sample > 0 else "_full"
+    write_json(f"yolo_crown{tag}.json", {"prop": args.prop, "sample": args.sample, **results})
     (RESULTS / f"yolo_crown{tag}.md").write_text(text)
 
 

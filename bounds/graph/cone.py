@@ -62,11 +62,8 @@ def _parts(graph: Graph, node, drawn: Tensor) -> list[Tensor]:
     an activation's elementwise (every element of an input of another shape), an affine op's
     through its adjoint."""
     if isinstance(node.op, ActivationOp):
-        return [
-            drawn
-            if graph[i].shape == node.shape
-            else torch.ones(graph[i].shape).reshape(-1).double()
-            for i in node.inputs
-        ]
+        return [drawn if graph[i].shape == node.shape
+                else torch.ones(torch.Size(graph[i].shape).numel(), dtype=torch.float64)
+                for i in node.inputs]  # fmt: skip
     parts = node.op.vjp(drawn.reshape(1, 1, *node.shape))
     return [p.reshape(-1).abs() for p in parts]

@@ -3,9 +3,9 @@
 Every (start node, activation) pair has its own relaxation parameters `alpha` (the
 relaxation's own, `Relaxation.default_params` / `project`: ReLU's lower slopes in [0, 1], an
 S-shape's tangent points; called slopes below), one per spec and neuron: the final specs, and
-the `+-e_j` specs of each ambiguous pre-activation neuron (in the specs' output cone, `bounds.
-graph.cone`) when `optimize_intermediate` is set. Adam ascends the sum of the final lower bounds; intermediate
-bounds are recomputed each iteration and intersected with CROWN's, so they are never looser.
+the `+-e_j` specs of each ambiguous pre-activation neuron in the specs' output cone
+(`bounds.graph.cone`) when `optimize_intermediate` is set. Adam ascends the sum of the final
+lower bounds; intermediate bounds are recomputed each iteration and intersected with CROWN's.
 Any alpha gives valid bounds: we keep the best bound per spec over all iterations, and the
 output slopes that gave it (`stats['best_slopes']`: evaluated again, e.g. in float64, they
 reproduce that bound). A deadline (a budget's seconds, or `deadline=`) is paced on the host

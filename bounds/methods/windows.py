@@ -39,9 +39,12 @@ from bounds.types import Interval
 from relaxations import LinearBounds
 
 WINDOW_SHARE = 0.25
-"""Windows go on through a node while their area is at most this share of the node's (larger
-ones read and scatter more than a dense functional costs: TinyYOLO's conv_20 took 74 s with
-windows up to 60% of their nodes, 43 s dense)."""
+"""Windows go on through a node while their area is at most this share of the node's; past
+it, reading and scattering windows costs about what a dense functional does. TinyYOLO's root
+intervals on the cone, `python -m benchmarks.yolo_crown --sample 256 --configs dag+cone
+--window-share S` (one core, estimated from 256 neurons per layer): 116.0 s at 0.1, 71.7 s at
+0.25, 73.6 s at 0.5, 76.6 s at 1 (`yolo_crown_dag_cone_share*.md`); 0.25 to 1 are within
+this machine's run-to-run noise (59.2 s at 0.25 in another run), 0.1 goes dense too early."""
 
 
 def _small(node: Node, w: Windows | Placement) -> bool:

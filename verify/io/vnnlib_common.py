@@ -108,9 +108,9 @@ class Context:
         """`check_time`, and predictive: once `PACE_AFTER` of a stage's `total` items (lines
         read, terms grouped) are `done`, `ParseDeadlineError` as soon as the rest, at the rate
         so far since the stage began (`since`; default: when reading began), would end past
-        the deadline; `what` names the items in the message. The reader stops then, not at the deadline: dropping what it built takes
-        time too, 0.7-1.3 s on a 20-s read of nn4sys cardinality_1_7300. `line` (default
-        `done`) is the line the message names."""
+        the deadline. The reader stops then, not at the deadline: dropping what it built takes
+        time too, 0.7-1.3 s on a 20-s read of nn4sys cardinality_1_7300. `what` names the
+        items in the message, `line` (default `done`) the line it names."""
         line = done if line is None else line
         self.check_time(line)
         if self.deadline is None or done < max(1, PACE_AFTER * total):
